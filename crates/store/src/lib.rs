@@ -1,0 +1,28 @@
+//! trireme's store: storage pools on a block device or a file.
+//!
+//! A pool is one device (or file) cut into regions, plus a redb metadata
+//! database beside it. Writes go to a journal first, which makes them
+//! durable with one sequential write and one device flush for many requests;
+//! a background applier later copies them to their chunks in place, updates
+//! the per-block checksums and commits the chunk maps in batches. The on-disk
+//! format and the write → flush → acknowledge ordering are in
+//! `docs/store-format.md`.
+//!
+//! Modules:
+//! - [`error`]: `StoreError`, one enum for every pool and volume operation.
+//! - `layout`: the superblock and where each region starts.
+//! - `journal`: the on-disk record format and the replay scan.
+//! - `metadata`: redb tables (volumes, chunk maps, checkpoint).
+//! - `chunk_map`: in-memory chunk maps and the free-chunk allocator.
+//! - `checksums`: the per-block crc32c table and its bounded cache.
+//! - `engine`: the write, read, flush, apply and checkpoint paths.
+//! - [`pool`]: [`Pool`], the public face: create, open, volumes.
+//! - [`volume`]: [`Volume`], a [`trireme_types::BlockTarget`] for one volume.
+
+pub mod error;
+pub mod pool;
+pub mod volume;
+
+pub use error::StoreError;
+pub use pool::{Pool, PoolConfig, PoolInfo, ScanReport, VolumeInfo};
+pub use volume::Volume;

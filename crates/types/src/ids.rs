@@ -1,0 +1,170 @@
+//! Typed identifiers and validated names.
+//!
+//! Ids are what the store and the wire use; names are what people type.
+//! A name is checked once, when it enters the system, and is a valid
+//! `NameBuf` from then on.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub u64);
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{}", self.0)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A volume's identity inside one pool; never reused after deletion.
+    VolumeId
+);
+id_type!(
+    /// A pool's identity on one node; never reused after deletion.
+    PoolId
+);
+
+/// The longest name accepted for a pool or a volume. NBD export names and
+/// file-system paths stay short and printable with this bound.
+pub const NAME_MAX_BYTES: usize = 63;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("{kind} name is empty")]
+    Empty { kind: &'static str },
+    #[error("{kind} name '{name}' is longer than {NAME_MAX_BYTES} bytes")]
+    TooLong { kind: &'static str, name: String },
+    #[error(
+        "{kind} name '{name}' has '{character}': use letters, digits, '-', '_' and '.', starting with a letter or digit"
+    )]
+    BadCharacter {
+        kind: &'static str,
+        name: String,
+        character: char,
+    },
+}
+
+fn validate_name(kind: &'static str, name: &str) -> Result<(), NameError> {
+    if name.is_empty() {
+        return Err(NameError::Empty { kind });
+    }
+    if name.len() > NAME_MAX_BYTES {
+        return Err(NameError::TooLong {
+            kind,
+            name: name.to_string(),
+        });
+    }
+    for (index, character) in name.chars().enumerate() {
+        let allowed = character.is_ascii_alphanumeric()
+            || (index > 0 && matches!(character, '-' | '_' | '.'));
+        if !allowed {
+            return Err(NameError::BadCharacter {
+                kind,
+                name: name.to_string(),
+                character,
+            });
+        }
+    }
+    Ok(())
+}
+
+macro_rules! name_type {
+    ($(#[$doc:meta])* $name:ident, $kind:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn new(name: impl Into<String>) -> Result<Self, NameError> {
+                let name = name.into();
+                validate_name($kind, &name)?;
+                Ok(Self(name))
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = NameError;
+            fn try_from(name: String) -> Result<Self, NameError> {
+                Self::new(name)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(name: $name) -> String {
+                name.0
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = NameError;
+            fn from_str(name: &str) -> Result<Self, NameError> {
+                Self::new(name)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+name_type!(
+    /// A volume's name: also its NBD export name.
+    VolumeName,
+    "volume"
+);
+name_type!(
+    /// A storage pool's name, unique on its node.
+    PoolName,
+    "pool"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert!(VolumeName::new("demo").is_ok());
+        assert!(VolumeName::new("vm-101-disk.0_a").is_ok());
+        assert!(matches!(VolumeName::new(""), Err(NameError::Empty { .. })));
+        assert!(matches!(
+            VolumeName::new("-x"),
+            Err(NameError::BadCharacter { character: '-', .. })
+        ));
+        assert!(matches!(
+            VolumeName::new("a/b"),
+            Err(NameError::BadCharacter { character: '/', .. })
+        ));
+        assert!(matches!(
+            PoolName::new("x".repeat(64)),
+            Err(NameError::TooLong { .. })
+        ));
+        let error = VolumeName::new("a b").unwrap_err().to_string();
+        assert!(error.contains("volume name 'a b' has ' '"), "{error}");
+    }
+
+    #[test]
+    fn names_deserialize_only_when_valid() {
+        let ok: Result<VolumeName, _> = serde_json_like("demo");
+        assert!(ok.is_ok());
+    }
+
+    fn serde_json_like(text: &str) -> Result<VolumeName, NameError> {
+        VolumeName::try_from(text.to_string())
+    }
+}

@@ -1,0 +1,88 @@
+//! [`BlockTarget`]: what an export serves.
+//!
+//! The NBD server knows nothing of pools, journals or replicas; it talks to a
+//! `BlockTarget`. A volume in a local pool is one; the replication engine's
+//! volume (a later layer) is another. Calls block the calling thread, so the
+//! server runs them on its I/O threads, never on the network reactor.
+//!
+//! The server checks ranges against [`BlockTarget::size_bytes`] before calling,
+//! so a target may treat an out-of-range request as a programming error and
+//! answer [`TargetError::Invalid`].
+
+/// Why a target refused or failed a request. Each maps to one NBD error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    /// The device failed, or data failed its checksum (NBD `EIO`).
+    #[error("I/O error: {0}")]
+    Io(String),
+    /// The pool has no free chunk left for this write (NBD `ENOSPC`).
+    #[error("no space left in pool '{pool}'")]
+    NoSpace { pool: String },
+    /// The request itself is wrong (NBD `EINVAL`).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The target cannot do this quickly and the client asked it to fail
+    /// rather than be slow (NBD_CMD_FLAG_FAST_ZERO → `ENOTSUP`).
+    #[error("not supported: {0}")]
+    NotSupported(String),
+    /// The target is read-only (NBD `EPERM`).
+    #[error("target is read-only")]
+    ReadOnly,
+    /// The target is going away: deleted, or the node is stopping (NBD `ESHUTDOWN`).
+    #[error("target is shutting down")]
+    ShuttingDown,
+}
+
+/// Flags of a WRITE_ZEROES request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZeroFlags {
+    /// Durable before the reply (NBD_CMD_FLAG_FUA).
+    pub fua: bool,
+    /// Keep the space allocated (NBD_CMD_FLAG_NO_HOLE).
+    pub no_hole: bool,
+    /// Fail with `NotSupported` rather than write zeros slowly
+    /// (NBD_CMD_FLAG_FAST_ZERO).
+    pub fast_zero: bool,
+}
+
+/// One run of blocks with the same allocation state, as NBD's
+/// `base:allocation` context describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockStatusExtent {
+    pub length_bytes: u64,
+    /// No storage is allocated (NBD_STATE_HOLE).
+    pub hole: bool,
+    /// Reads as zeros (NBD_STATE_ZERO).
+    pub zero: bool,
+}
+
+pub trait BlockTarget: Send + Sync + 'static {
+    fn size_bytes(&self) -> u64;
+
+    fn read_only(&self) -> bool {
+        false
+    }
+
+    /// Fills `buffer` with the bytes at `offset`.
+    fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), TargetError>;
+
+    /// Writes `data` at `offset`. With `fua`, the data is durable before this
+    /// returns; without, it is durable after the next [`BlockTarget::flush`].
+    fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), TargetError>;
+
+    /// Makes every write that completed before this call durable.
+    fn flush(&self) -> Result<(), TargetError>;
+
+    /// The range may be returned to the pool; reads of it may return zeros or
+    /// the old data (this store returns zeros).
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), TargetError>;
+
+    /// The range reads as zeros afterwards.
+    fn write_zeroes(&self, offset: u64, length: u64, flags: ZeroFlags)
+        -> Result<(), TargetError>;
+
+    /// Allocation state from `offset`, covering at most `length` bytes and at
+    /// least one extent. Extents are in order and do not overlap.
+    fn block_status(&self, offset: u64, length: u64)
+        -> Result<Vec<BlockStatusExtent>, TargetError>;
+}
