@@ -1,1 +1,44 @@
-//! placeholder
+//! trireme's node daemon: one process per machine that owns the local
+//! storage pools, serves their volumes over NBD and answers the REST API.
+//!
+//! `trireme node run` calls [`daemon::run`]; everything else here is what it
+//! wires together.
+//!
+//! ## Data directory
+//!
+//! ```text
+//! DATA/
+//!   catalog.json               the pools of this node (name, id, class, paths);
+//!                              replaced atomically: write catalog.json.tmp,
+//!                              fsync it, rename over catalog.json, fsync DATA/
+//!   pools/NAME/metadata.redb   each pool's metadata database (owned by the store)
+//!   pools/default/pool.img     the default pool's sparse file, made on first start
+//!   nbd.sock                   the NBD unix socket (unless --nbd-socket says otherwise)
+//! ```
+//!
+//! Volumes live inside pools (the store keeps them); the catalog only knows
+//! pools. Volume names are unique across the node's pools, because a volume's
+//! name is its NBD export name.
+//!
+//! ## Modules
+//! - [`error`]: `NodeError`, what a node operation can fail with.
+//! - [`catalog`]: the pool catalog file and its atomic replacement.
+//! - [`space`]: free space of a file system (statvfs), for the default pool.
+//! - [`node`]: [`Node`], the pools (online or offline), volume placement and
+//!   the cache of opened volumes that the NBD server reads through.
+//! - [`api`]: the REST API (axum router, request validation, error mapping,
+//!   OpenAPI document) under `/api/v1`.
+//! - [`nbd`]: adapts [`Node`] to the NBD server of `trireme-export`.
+//! - [`daemon`]: start-up, listeners, the ready line, signals and shutdown.
+
+pub mod api;
+pub mod catalog;
+pub mod daemon;
+pub mod error;
+pub mod nbd;
+pub mod node;
+pub mod space;
+
+pub use daemon::{run, DaemonConfig};
+pub use error::NodeError;
+pub use node::Node;

@@ -1,0 +1,239 @@
+//! `trireme node run`: start-up, listeners, the ready line, signals, shutdown.
+//!
+//! Start-up order:
+//! 1. open the data directory and every pool of the catalog (a pool that
+//!    fails to open is offline; the node starts anyway);
+//! 2. on a node without pools, create the default pool;
+//! 3. with `--demo`, create the volume `demo` if it is missing;
+//! 4. bind the REST API and the NBD listeners;
+//! 5. print the ready line (tests wait for it), then serve.
+//!
+//! On SIGTERM or SIGINT: stop the listeners, shut every pool down (which
+//! applies its journal), return.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use trireme_types::{format_size, VolumeName};
+
+use crate::api::{self, Addresses, ApiState};
+use crate::nbd::{self, NbdListen, NodeExports};
+use crate::node::DEFAULT_POOL_NAME;
+use crate::{Node, NodeError};
+
+pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:7450";
+pub const DEFAULT_NBD_LISTEN: &str = "127.0.0.1:10809";
+pub const DEFAULT_NBD_SOCKET_FILE: &str = "nbd.sock";
+pub const DEMO_VOLUME_NAME: &str = "demo";
+pub const DEMO_VOLUME_BYTES: u64 = 1 << 30;
+/// How long the listeners get to finish in-flight requests at shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub data_dir: PathBuf,
+    pub api_listen: SocketAddr,
+    pub nbd_listen: SocketAddr,
+    /// Default: `DATA/nbd.sock`.
+    pub nbd_socket: Option<PathBuf>,
+    pub demo: bool,
+}
+
+/// Runs the node until SIGTERM or SIGINT.
+pub async fn run(config: DaemonConfig) -> Result<(), NodeError> {
+    let node = Arc::new(start_node(&config).await?);
+
+    let api_listener = tokio::net::TcpListener::bind(config.api_listen)
+        .await
+        .map_err(|error| {
+            NodeError::io(
+                format!("listen for the REST API on {}", config.api_listen),
+                error,
+            )
+        })?;
+    let api_address = api_listener
+        .local_addr()
+        .map_err(|error| NodeError::io("read the REST API listen address", error))?;
+    let nbd_socket = config
+        .nbd_socket
+        .clone()
+        .unwrap_or_else(|| config.data_dir.join(DEFAULT_NBD_SOCKET_FILE));
+    let listen = NbdListen {
+        tcp: Some(config.nbd_listen),
+        unix_socket: Some(nbd_socket),
+    };
+    let nbd_server = nbd::bind(listen, NodeExports::new(node.clone())).await?;
+    let addresses = Addresses {
+        api: api_address.to_string(),
+        nbd_tcp: nbd_server.tcp.map(|address| address.to_string()),
+        nbd_url_base: nbd_server.tcp.map(client_address),
+        nbd_unix: nbd_server
+            .unix_socket
+            .as_ref()
+            .map(|path| path.display().to_string()),
+    };
+
+    if config.demo {
+        print_demo_help(&addresses);
+    }
+    println!(
+        "trireme node ready: api http://{} nbd {} unix {}",
+        addresses.api,
+        addresses.nbd_tcp.as_deref().unwrap_or("-"),
+        addresses.nbd_unix.as_deref().unwrap_or("-"),
+    );
+    let _ = std::io::stdout().flush();
+
+    let (stop_sender, stop_receiver) = watch::channel(false);
+    let stopped = move || {
+        let mut receiver = stop_receiver.clone();
+        async move {
+            let _ = receiver.wait_for(|stop| *stop).await;
+        }
+    };
+    let router = api::router(ApiState {
+        node: node.clone(),
+        addresses: Arc::new(addresses),
+    });
+    let api_server = axum::serve(api_listener, router).with_graceful_shutdown(stopped());
+    let mut api_task = tokio::spawn(async move { api_server.await });
+    let mut nbd_task = tokio::spawn(nbd_server.serve(stopped()));
+
+    tokio::select! {
+        signal = stop_signal() => tracing::info!(signal, "stopping"),
+        result = &mut api_task => tracing::error!(?result, "the REST API stopped on its own; stopping"),
+        result = &mut nbd_task => tracing::error!(?result, "the NBD server stopped on its own; stopping"),
+    }
+    let _ = stop_sender.send(true);
+    let finished = async {
+        let _ = (&mut api_task).await;
+        let _ = (&mut nbd_task).await;
+    };
+    if tokio::time::timeout(SHUTDOWN_GRACE, finished)
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?SHUTDOWN_GRACE, "listeners did not finish in time");
+        api_task.abort();
+        nbd_task.abort();
+    }
+    let node_for_shutdown = node.clone();
+    tokio::task::spawn_blocking(move || node_for_shutdown.shutdown())
+        .await
+        .map_err(|error| NodeError::Internal(format!("pool shutdown failed: {error}")))?;
+    println!("trireme node stopped");
+    Ok(())
+}
+
+/// Steps 1 to 3 of start-up, on a blocking thread (they do disk I/O).
+async fn start_node(config: &DaemonConfig) -> Result<Node, NodeError> {
+    let data_dir = config.data_dir.clone();
+    let demo = config.demo;
+    tokio::task::spawn_blocking(move || {
+        let node = Node::open(&data_dir)?;
+        match node.ensure_default_pool() {
+            Ok(Some(info)) => println!(
+                "created the default pool '{}': {} in the sparse file {} (class {}); add pools with `trireme pool create`",
+                info.name,
+                format_size(info.capacity_bytes),
+                info.device_path.display(),
+                info.class,
+            ),
+            Ok(None) => {}
+            // The node still starts: pools can be added through the API.
+            Err(error) => {
+                tracing::error!(%error, "cannot create the default pool");
+                println!("warning: cannot create the default pool: {error}");
+            }
+        }
+        if demo {
+            ensure_demo_volume(&node)?;
+        }
+        Ok(node)
+    })
+    .await
+    .map_err(|error| NodeError::Internal(format!("start-up failed: {error}")))?
+}
+
+fn ensure_demo_volume(node: &Node) -> Result<(), NodeError> {
+    let name = VolumeName::new(DEMO_VOLUME_NAME)?;
+    match node.volume(&name) {
+        Ok(_) => return Ok(()),
+        Err(NodeError::VolumeNotFound(_)) => {}
+        Err(error) => return Err(error),
+    }
+    let default_pool = trireme_types::PoolName::new(DEFAULT_POOL_NAME)?;
+    let pool = node
+        .pool(&default_pool)
+        .ok()
+        .filter(|status| status.info.is_some())
+        .map(|_| default_pool);
+    let info = node.create_volume(&name, DEMO_VOLUME_BYTES, pool.as_ref())?;
+    println!(
+        "created the demo volume '{}' ({}) in pool '{}'",
+        info.name,
+        format_size(info.size_bytes),
+        info.pool
+    );
+    Ok(())
+}
+
+fn print_demo_help(addresses: &Addresses) {
+    let Some(base) = &addresses.nbd_url_base else {
+        return;
+    };
+    let url = format!("nbd://{base}/{DEMO_VOLUME_NAME}");
+    println!("the demo volume is served at {url}");
+    println!("  try: nbdinfo {url}");
+    println!("       qemu-img info {url}");
+    if let Some(socket) = &addresses.nbd_unix {
+        println!("       nbdinfo 'nbd+unix:///{DEMO_VOLUME_NAME}?socket={socket}'");
+    }
+}
+
+/// The address a local client dials: a wildcard bind is reached on loopback.
+fn client_address(bound: SocketAddr) -> String {
+    let ip = match bound.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+        }
+        ip => ip,
+    };
+    SocketAddr::new(ip, bound.port()).to_string()
+}
+
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut terminate) => tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+        },
+        Err(error) => {
+            tracing::warn!(%error, "cannot watch SIGTERM; only SIGINT stops the node");
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcard_binds_are_dialled_on_loopback() {
+        assert_eq!(
+            client_address("0.0.0.0:10809".parse().unwrap()),
+            "127.0.0.1:10809"
+        );
+        assert_eq!(client_address("[::]:10809".parse().unwrap()), "[::1]:10809");
+        assert_eq!(client_address("10.0.0.5:1".parse().unwrap()), "10.0.0.5:1");
+    }
+}

@@ -1,0 +1,55 @@
+//! [`NodeError`]: every way a node operation can fail.
+//!
+//! Each case is one thing the caller can act on; the REST layer maps each to
+//! an HTTP status and a stable `code` string (see `api::error`).
+
+use std::path::PathBuf;
+use trireme_store::StoreError;
+use trireme_types::{NameError, PoolName, VolumeName};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
+    #[error("{0}")]
+    InvalidSize(String),
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("{0}")]
+    InvalidPath(String),
+    #[error("pool '{0}' does not exist: see `trireme pool list`")]
+    PoolNotFound(String),
+    #[error("pool '{0}' already exists: choose another name")]
+    PoolExists(PoolName),
+    #[error("'{path}' is already the device of pool '{pool}': choose another path")]
+    PoolPathInUse { path: PathBuf, pool: PoolName },
+    #[error("pool '{pool}' is offline ({reason}): fix the device or delete the pool")]
+    PoolOffline { pool: PoolName, reason: String },
+    #[error("volume '{0}' does not exist: see `trireme volume list`")]
+    VolumeNotFound(VolumeName),
+    #[error("volume '{name}' already exists in pool '{pool}': volume names are unique on a node (they are NBD export names)")]
+    VolumeExists { name: VolumeName, pool: PoolName },
+    #[error("no online pool to place the volume in: create one with `trireme pool create`")]
+    NoPoolAvailable,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot {context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the node is shutting down")]
+    ShuttingDown,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl NodeError {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        NodeError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

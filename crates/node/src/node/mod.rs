@@ -1,0 +1,154 @@
+//! [`Node`]: this machine's pools and volumes, behind one lock.
+//!
+//! Every method blocks (the store does disk I/O): async callers run them on
+//! `tokio::task::spawn_blocking`.
+//!
+//! Locking: `state` (catalog and pools) is taken for every control operation,
+//! so creations, deletions and the uniqueness check of volume names are
+//! serialised. `opened` (the volumes the NBD server holds open) is only taken
+//! while holding `state` or alone for a lookup, never the other way round.
+//!
+//! - `pools`: create, delete, list and scan pools; the default pool.
+//! - `volumes`: create, delete, grow and list volumes; opening them for NBD.
+
+mod pools;
+mod volumes;
+
+pub use pools::{NewPool, PoolStatus, DEFAULT_POOL_NAME};
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use trireme_store::{Pool, Volume};
+use trireme_types::{PoolName, VolumeName};
+
+use crate::catalog::Catalog;
+use crate::NodeError;
+
+/// Where pool metadata directories live, under the data directory.
+pub const POOLS_DIRECTORY: &str = "pools";
+const METADATA_FILE: &str = "metadata.redb";
+
+pub struct Node {
+    data_dir: PathBuf,
+    state: Mutex<NodeState>,
+    opened: Mutex<BTreeMap<VolumeName, Arc<Volume>>>,
+    stopping: AtomicBool,
+}
+
+struct NodeState {
+    catalog: Catalog,
+    pools: BTreeMap<PoolName, PoolSlot>,
+}
+
+enum PoolSlot {
+    Online(Arc<Pool>),
+    /// The pool is in the catalog but could not be opened; the node runs on
+    /// without it and reports why.
+    Offline {
+        reason: String,
+    },
+}
+
+impl NodeState {
+    fn online_pools(&self) -> impl Iterator<Item = (&PoolName, &Arc<Pool>)> {
+        self.pools.iter().filter_map(|(name, slot)| match slot {
+            PoolSlot::Online(pool) => Some((name, pool)),
+            PoolSlot::Offline { .. } => None,
+        })
+    }
+
+    fn online_pool(&self, name: &PoolName) -> Result<&Arc<Pool>, NodeError> {
+        match self.pools.get(name) {
+            None => Err(NodeError::PoolNotFound(name.to_string())),
+            Some(PoolSlot::Online(pool)) => Ok(pool),
+            Some(PoolSlot::Offline { reason }) => Err(NodeError::PoolOffline {
+                pool: name.clone(),
+                reason: reason.clone(),
+            }),
+        }
+    }
+}
+
+impl Node {
+    /// Opens the data directory (creating it on first start) and every pool
+    /// in its catalog. A pool that fails to open is kept as offline.
+    pub fn open(data_dir: &Path) -> Result<Node, NodeError> {
+        std::fs::create_dir_all(data_dir.join(POOLS_DIRECTORY)).map_err(|error| {
+            NodeError::io(
+                format!("create data directory {}", data_dir.display()),
+                error,
+            )
+        })?;
+        let catalog = Catalog::load(data_dir)?;
+        let mut pools = BTreeMap::new();
+        for record in &catalog.pools {
+            let slot = match Pool::open(&record.device_path, &record.metadata_path) {
+                Ok(pool) => {
+                    tracing::info!(pool = %record.name, device = %record.device_path.display(), "pool opened");
+                    PoolSlot::Online(pool)
+                }
+                Err(error) => {
+                    tracing::error!(pool = %record.name, device = %record.device_path.display(), %error, "pool is offline");
+                    PoolSlot::Offline {
+                        reason: error.to_string(),
+                    }
+                }
+            };
+            pools.insert(record.name.clone(), slot);
+        }
+        Ok(Node {
+            data_dir: data_dir.to_path_buf(),
+            state: Mutex::new(NodeState { catalog, pools }),
+            opened: Mutex::new(BTreeMap::new()),
+            stopping: AtomicBool::new(false),
+        })
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    fn metadata_path(&self, pool: &PoolName) -> PathBuf {
+        self.pool_directory(pool).join(METADATA_FILE)
+    }
+
+    fn pool_directory(&self, pool: &PoolName) -> PathBuf {
+        self.data_dir.join(POOLS_DIRECTORY).join(pool.as_str())
+    }
+
+    /// Takes the state lock, refusing new work once shutdown has begun.
+    fn lock_state(&self) -> Result<MutexGuard<'_, NodeState>, NodeError> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(NodeError::ShuttingDown);
+        }
+        // A panic while holding the lock leaves plain data behind (no
+        // half-applied invariants span the guard), so a poisoned lock is usable.
+        Ok(self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    fn lock_opened(&self) -> MutexGuard<'_, BTreeMap<VolumeName, Arc<Volume>>> {
+        self.opened
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Stops every pool: drops the opened volumes and applies each journal.
+    /// Errors are logged, not returned: the other pools still get stopped.
+    pub fn shutdown(&self) {
+        let state = self.lock_state();
+        self.stopping.store(true, Ordering::Release);
+        self.lock_opened().clear();
+        let Ok(state) = state else { return };
+        for (name, pool) in state.online_pools() {
+            match pool.shutdown() {
+                Ok(()) => tracing::info!(pool = %name, "pool shut down"),
+                Err(error) => tracing::error!(pool = %name, %error, "pool shutdown failed"),
+            }
+        }
+    }
+}
