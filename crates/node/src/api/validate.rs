@@ -25,7 +25,7 @@ pub fn volume_size(size_bytes: u64) -> Result<u64, NodeError> {
             "size_bytes must be greater than 0".to_string(),
         ));
     }
-    if size_bytes % BLOCK_SIZE != 0 {
+    if !size_bytes.is_multiple_of(BLOCK_SIZE) {
         return Err(NodeError::InvalidSize(format!(
             "size_bytes {size_bytes} is not a multiple of {BLOCK_SIZE} (4 KiB): round it up to {}",
             size_bytes.div_ceil(BLOCK_SIZE).saturating_mul(BLOCK_SIZE)
