@@ -1,0 +1,253 @@
+//! Runs one validated request against the target, on a blocking thread, and
+//! encodes its reply.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::OwnedSemaphorePermit;
+use tracing::{error, warn};
+use trireme_proto::nbd::constants::{STATE_HOLE, STATE_ZERO};
+use trireme_proto::nbd::reply::{self, descriptors_from_extents};
+use trireme_proto::nbd::{ErrorCode, Request, RequestKind};
+use trireme_types::{BlockTarget, TargetError, ZeroFlags};
+
+/// Read buffers kept per connection for reuse.
+const MAX_POOLED_READ_BUFFERS: usize = 8;
+/// Larger read buffers are freed rather than kept.
+const MAX_POOLED_READ_BUFFER_BYTES: usize = 1024 * 1024;
+
+/// What a request's reply needs, shared by the connection's requests.
+#[derive(Clone)]
+pub(crate) struct ReplyContext {
+    pub(crate) target: Arc<dyn BlockTarget>,
+    pub(crate) export_name: Arc<str>,
+    pub(crate) structured_replies: bool,
+    pub(crate) base_allocation_context_id: Option<u32>,
+    pub(crate) buffers: BufferPool,
+}
+
+/// The permits a request holds until its reply is written.
+pub(crate) struct Permits {
+    pub(crate) _request: OwnedSemaphorePermit,
+    pub(crate) _payload: Option<OwnedSemaphorePermit>,
+}
+
+/// One reply: header bytes, then READ data if any.
+#[derive(Default)]
+pub(crate) struct Outgoing {
+    pub(crate) header: Vec<u8>,
+    pub(crate) data: Option<Vec<u8>>,
+    pub(crate) permits: Option<Permits>,
+}
+
+/// Reuses READ buffers within a connection, so steady reads do not
+/// allocate.
+#[derive(Clone, Default)]
+pub(crate) struct BufferPool(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl BufferPool {
+    fn take(&self, length_bytes: usize) -> Vec<u8> {
+        let pooled = self.0.lock().ok().and_then(|mut buffers| buffers.pop());
+        let mut buffer = pooled.unwrap_or_default();
+        buffer.clear();
+        buffer.resize(length_bytes, 0);
+        buffer
+    }
+
+    pub(crate) fn put(&self, buffer: Vec<u8>) {
+        if buffer.capacity() > MAX_POOLED_READ_BUFFER_BYTES {
+            return;
+        }
+        if let Ok(mut buffers) = self.0.lock() {
+            if buffers.len() < MAX_POOLED_READ_BUFFERS {
+                buffers.push(buffer);
+            }
+        }
+    }
+}
+
+pub(crate) fn error_code(error: &TargetError) -> ErrorCode {
+    match error {
+        TargetError::Io(_) => ErrorCode::Io,
+        TargetError::NoSpace { .. } => ErrorCode::NoSpace,
+        TargetError::Invalid(_) => ErrorCode::Invalid,
+        TargetError::NotSupported(_) => ErrorCode::NotSupported,
+        TargetError::ReadOnly => ErrorCode::Perm,
+        TargetError::ShuttingDown => ErrorCode::Shutdown,
+    }
+}
+
+/// Runs `request` (already validated) and builds its reply. A panicking
+/// target answers EIO instead of leaving the client waiting forever.
+pub(crate) fn execute(context: &ReplyContext, request: Request) -> Outgoing {
+    let cookie = request.cookie;
+    let command = command_name(&request.kind);
+    match catch_unwind(AssertUnwindSafe(|| run(context, request))) {
+        Ok(Ok(outgoing)) => outgoing,
+        Ok(Err(target_error)) => {
+            warn!(export = %context.export_name, cookie, command, error = %target_error, "NBD request failed");
+            error_reply(
+                context,
+                cookie,
+                error_code(&target_error),
+                &target_error.to_string(),
+            )
+        }
+        Err(_) => {
+            error!(export = %context.export_name, cookie, command, "target panicked during an NBD request");
+            error_reply(context, cookie, ErrorCode::Io, "internal error")
+        }
+    }
+}
+
+fn run(context: &ReplyContext, request: Request) -> Result<Outgoing, TargetError> {
+    let target = context.target.as_ref();
+    let fua = request.fua();
+    let cookie = request.cookie;
+    match request.kind {
+        RequestKind::Read { offset, length } => return read(context, cookie, offset, length),
+        RequestKind::BlockStatus {
+            offset,
+            length,
+            req_one,
+        } => return block_status(context, cookie, offset, length, req_one),
+        // Zero-length writes, trims and zeroes are no-ops: the spec leaves
+        // them unspecified, and the target may treat them as invalid.
+        RequestKind::Write { offset, data } if !data.is_empty() => {
+            target.write(offset, data, fua)?
+        }
+        RequestKind::Trim { offset, length } if length > 0 => {
+            target.trim(offset, u64::from(length), fua)?
+        }
+        RequestKind::WriteZeroes {
+            offset,
+            length,
+            no_hole,
+            fast_zero,
+        } if length > 0 => {
+            let flags = ZeroFlags {
+                fua,
+                no_hole,
+                fast_zero,
+            };
+            target.write_zeroes(offset, u64::from(length), flags)?
+        }
+        RequestKind::Flush => target.flush()?,
+        RequestKind::Write { .. }
+        | RequestKind::Trim { .. }
+        | RequestKind::WriteZeroes { .. }
+        | RequestKind::Disconnect => {}
+    }
+    let mut outgoing = Outgoing::default();
+    // Simple replies are allowed for data-less commands even with
+    // structured replies negotiated, and are four bytes shorter.
+    reply::simple_reply(&mut outgoing.header, cookie, None);
+    Ok(outgoing)
+}
+
+fn read(
+    context: &ReplyContext,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+) -> Result<Outgoing, TargetError> {
+    let mut outgoing = Outgoing::default();
+    if length == 0 {
+        if context.structured_replies {
+            reply::structured_none_done(&mut outgoing.header, cookie);
+        } else {
+            reply::simple_reply(&mut outgoing.header, cookie, None);
+        }
+        return Ok(outgoing);
+    }
+    let mut buffer = context.buffers.take(length as usize);
+    if let Err(error) = context.target.read(offset, &mut buffer) {
+        context.buffers.put(buffer);
+        return Err(error);
+    }
+    if context.structured_replies {
+        reply::offset_data_header(&mut outgoing.header, cookie, offset, length, true);
+    } else {
+        reply::simple_reply(&mut outgoing.header, cookie, None);
+    }
+    outgoing.data = Some(buffer);
+    Ok(outgoing)
+}
+
+fn block_status(
+    context: &ReplyContext,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+    req_one: bool,
+) -> Result<Outgoing, TargetError> {
+    let Some(context_id) = context.base_allocation_context_id else {
+        // validate_request rejects this before dispatch.
+        return Err(TargetError::Invalid(
+            "base:allocation was not negotiated".into(),
+        ));
+    };
+    let extents = context.target.block_status(offset, u64::from(length))?;
+    let flags = |hole: bool, zero: bool| {
+        (if hole { STATE_HOLE } else { 0 }) | (if zero { STATE_ZERO } else { 0 })
+    };
+    let descriptors = descriptors_from_extents(
+        extents
+            .iter()
+            .map(|extent| (extent.length_bytes, flags(extent.hole, extent.zero))),
+        length,
+        req_one,
+    );
+    let mut outgoing = Outgoing::default();
+    reply::block_status_chunk(&mut outgoing.header, cookie, context_id, &descriptors, true);
+    Ok(outgoing)
+}
+
+fn error_reply(context: &ReplyContext, cookie: u64, code: ErrorCode, message: &str) -> Outgoing {
+    let mut outgoing = Outgoing::default();
+    if context.structured_replies {
+        reply::structured_error(&mut outgoing.header, cookie, code, message);
+    } else {
+        reply::simple_reply(&mut outgoing.header, cookie, Some(code));
+    }
+    outgoing
+}
+
+fn command_name(kind: &RequestKind) -> &'static str {
+    match kind {
+        RequestKind::Read { .. } => "read",
+        RequestKind::Write { .. } => "write",
+        RequestKind::Flush => "flush",
+        RequestKind::Trim { .. } => "trim",
+        RequestKind::WriteZeroes { .. } => "write_zeroes",
+        RequestKind::BlockStatus { .. } => "block_status",
+        RequestKind::Disconnect => "disconnect",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_errors_map_to_nbd_errors() {
+        let cases = [
+            (TargetError::Io("disk".into()), ErrorCode::Io),
+            (
+                TargetError::NoSpace { pool: "p".into() },
+                ErrorCode::NoSpace,
+            ),
+            (TargetError::Invalid("x".into()), ErrorCode::Invalid),
+            (
+                TargetError::NotSupported("slow".into()),
+                ErrorCode::NotSupported,
+            ),
+            (TargetError::ReadOnly, ErrorCode::Perm),
+            (TargetError::ShuttingDown, ErrorCode::Shutdown),
+        ];
+        for (error, code) in cases {
+            assert_eq!(error_code(&error), code);
+        }
+        assert_eq!(ErrorCode::Shutdown.as_u32(), 108);
+    }
+}

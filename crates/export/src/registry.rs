@@ -1,0 +1,32 @@
+//! How the server finds exports: the node implements [`ExportRegistry`].
+
+use std::sync::Arc;
+
+use trireme_proto::nbd::{ExportCatalog, ExportInfo};
+use trireme_types::BlockTarget;
+
+/// The exports a node offers, by name (the node maps volume name → volume).
+pub trait ExportRegistry: Send + Sync + 'static {
+    /// The target for `name`, or `None` if no such export is offered now.
+    /// Called on the network reactor: it must not block.
+    fn open(&self, name: &str) -> Option<Arc<dyn BlockTarget>>;
+    /// Names listed to clients (NBD_OPT_LIST).
+    fn names(&self) -> Vec<String>;
+}
+
+/// Adapts a registry to the handshake's catalog.
+pub(crate) struct RegistryCatalog<'a>(pub(crate) &'a dyn ExportRegistry);
+
+impl ExportCatalog for RegistryCatalog<'_> {
+    fn lookup(&self, name: &str) -> Option<ExportInfo> {
+        let target = self.0.open(name)?;
+        Some(ExportInfo {
+            size_bytes: target.size_bytes(),
+            read_only: target.read_only(),
+        })
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.0.names()
+    }
+}
