@@ -25,7 +25,9 @@ pub enum StoreError {
     },
     #[error("pool device '{path}' and metadata '{metadata}' belong to different pools")]
     MetadataMismatch { path: PathBuf, metadata: PathBuf },
-    #[error("pool size {size_bytes} bytes is too small: a pool needs at least {minimum_bytes} bytes")]
+    #[error(
+        "pool size {size_bytes} bytes is too small: a pool needs at least {minimum_bytes} bytes"
+    )]
     PoolTooSmall { size_bytes: u64, minimum_bytes: u64 },
     #[error("'{path}' does not exist and no --size was given to create it")]
     SizeNeeded { path: PathBuf },

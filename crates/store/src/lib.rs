@@ -11,16 +11,25 @@
 //! Modules:
 //! - [`error`]: `StoreError`, one enum for every pool and volume operation.
 //! - `layout`: the superblock and where each region starts.
-//! - `journal`: the on-disk record format and the replay scan.
-//! - `metadata`: redb tables (volumes, chunk maps, checkpoint).
+//! - `journal`: the on-disk record format.
+//! - `record`, `overlay`: records in memory, and which blocks they cover.
+//! - `metadata`: redb tables (pool, volumes, chunk maps, checkpoint).
 //! - `chunk_map`: in-memory chunk maps and the free-chunk allocator.
 //! - `checksums`: the per-block crc32c table and its bounded cache.
-//! - `engine`: the write, read, flush, apply and checkpoint paths.
+//! - `engine`: the write, read, apply, checkpoint and replay paths.
 //! - [`pool`]: [`Pool`], the public face: create, open, volumes.
 //! - [`volume`]: [`Volume`], a [`trireme_types::BlockTarget`] for one volume.
 
+mod checksums;
+mod chunk_map;
+mod engine;
 pub mod error;
+mod journal;
+pub mod layout;
+mod metadata;
+mod overlay;
 pub mod pool;
+mod record;
 pub mod volume;
 
 pub use error::StoreError;

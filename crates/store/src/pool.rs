@@ -1,10 +1,21 @@
 //! [`Pool`]: create, open and manage a storage pool and its volumes.
 
+use crate::engine::{open_engine, run_applier, Engine, VolumeState};
+use crate::layout::{Layout, Superblock, CHUNK_BYTES, SUPERBLOCK_BYTES};
+use crate::metadata::{Metadata, PoolRecord, VolumeRecord};
 use crate::{StoreError, Volume};
 use serde::Serialize;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use trireme_types::{DeviceClass, PoolId, PoolName, VolumeId, VolumeName};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use trireme_types::{DeviceClass, PoolId, PoolName, VolumeId, VolumeName, BLOCK_SIZE};
+
+/// The largest volume: 1 PiB. Far beyond any device here, and small enough
+/// that every block number and byte offset stays far from overflow.
+pub const VOLUME_MAX_BYTES: u64 = 1 << 50;
 
 /// How to create a pool.
 #[derive(Debug, Clone)]
@@ -19,7 +30,7 @@ pub struct PoolConfig {
     /// Needed when `device_path` does not exist; a device's own size otherwise.
     pub size_bytes: Option<u64>,
     /// Reserve the file's space on the host file system up front
-    /// (fallocate) instead of leaving it sparse.
+    /// (fallocate) instead of leaving the data region sparse.
     pub preallocate: bool,
 }
 
@@ -42,6 +53,8 @@ pub struct PoolInfo {
     pub chunk_bytes: u64,
     /// Blocks that failed their checksum since the pool was opened.
     pub checksum_errors: u64,
+    /// Why the pool refuses I/O, when it does.
+    pub failed: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -75,26 +88,152 @@ impl ScanReport {
 }
 
 pub struct Pool {
-    _private: (),
+    engine: Arc<Engine>,
+    record: PoolRecord,
+    applier: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Pool {
     pub fn create(config: PoolConfig) -> Result<Arc<Pool>, StoreError> {
-        let _ = config;
-        todo!("store: being written")
+        let path = &config.device_path;
+        let (file, device_bytes, created_file) = open_or_create_device(path, config.size_bytes)?;
+        let cleanup = |error: StoreError| {
+            if created_file {
+                let _ = std::fs::remove_file(path);
+            }
+            error
+        };
+        let layout = Layout::compute(device_bytes).map_err(cleanup)?;
+        let is_file = !file_is_block_device(&file);
+        if is_file {
+            // The journal and checksums must never meet a full host file
+            // system; the data region is reserved only when asked.
+            let reserve = if config.preallocate {
+                device_bytes
+            } else {
+                layout.data_offset
+            };
+            allocate_space(&file, reserve).map_err(|error| {
+                cleanup(StoreError::io(
+                    format!("reserving space in {}", path.display()),
+                    error,
+                ))
+            })?;
+        }
+        let superblock = Superblock {
+            pool_uuid: random_u128(),
+            layout,
+        };
+        let record = PoolRecord {
+            uuid: superblock.pool_uuid,
+            name: config.name.clone(),
+            id: config.id,
+            class: config.class,
+            device_path: path.clone(),
+            created_file,
+        };
+        if let Some(parent) = config.metadata_path.parent() {
+            std::fs::create_dir_all(parent).map_err(|error| {
+                cleanup(StoreError::io(
+                    format!("creating {}", parent.display()),
+                    error,
+                ))
+            })?;
+        }
+        Metadata::create(&config.metadata_path, &record).map_err(cleanup)?;
+        // The superblock is written last: a device is a pool only once its
+        // metadata exists.
+        file.write_all_at(&superblock.encode(), 0)
+            .and_then(|()| file.sync_all())
+            .map_err(|error| {
+                cleanup(StoreError::io(
+                    format!("writing the superblock of {}", path.display()),
+                    error,
+                ))
+            })?;
+        drop(file);
+        Pool::open(path, &config.metadata_path)
     }
 
     pub fn open(device_path: &Path, metadata_path: &Path) -> Result<Arc<Pool>, StoreError> {
-        let _ = (device_path, metadata_path);
-        todo!("store: being written")
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(device_path)
+            .map_err(|error| {
+                StoreError::io(
+                    format!("opening pool device {}", device_path.display()),
+                    error,
+                )
+            })?;
+        lock_exclusive(&file, device_path)?;
+        let mut block = vec![0u8; SUPERBLOCK_BYTES as usize];
+        file.read_exact_at(&mut block, 0)
+            .map_err(|_| StoreError::NotAPool {
+                path: device_path.to_path_buf(),
+                reason: "too short to hold a superblock".into(),
+            })?;
+        let superblock = Superblock::decode(device_path, &block)?;
+        let actual_bytes =
+            device_size(&file).map_err(|error| StoreError::io("sizing the pool device", error))?;
+        if actual_bytes < superblock.layout.device_bytes {
+            return Err(StoreError::NotAPool {
+                path: device_path.to_path_buf(),
+                reason: format!(
+                    "device is {actual_bytes} bytes but the pool was made for {}",
+                    superblock.layout.device_bytes
+                ),
+            });
+        }
+        let (metadata, loaded) = Metadata::open(metadata_path)?;
+        if loaded.pool.uuid != superblock.pool_uuid {
+            return Err(StoreError::MetadataMismatch {
+                path: device_path.to_path_buf(),
+                metadata: metadata_path.to_path_buf(),
+            });
+        }
+        let record = loaded.pool.clone();
+        let salt = (superblock.pool_uuid as u64) ^ ((superblock.pool_uuid >> 64) as u64);
+        let engine = open_engine(file, superblock.layout, salt, metadata, loaded)?;
+        let applier_engine = engine.clone();
+        let applier = std::thread::Builder::new()
+            .name(format!("apply-{}", record.name))
+            .spawn(move || run_applier(applier_engine))
+            .map_err(|error| StoreError::io("starting the applier thread", error))?;
+        Ok(Arc::new(Pool {
+            engine,
+            record,
+            applier: Mutex::new(Some(applier)),
+        }))
     }
 
     pub fn name(&self) -> &PoolName {
-        todo!()
+        &self.record.name
     }
 
     pub fn info(&self) -> PoolInfo {
-        todo!()
+        let state = self.engine.lock();
+        let live = state.volumes.values().filter(|volume| !volume.deleted);
+        let (provisioned_bytes, volume_count) = live
+            .fold((0u64, 0usize), |(bytes, count), volume| {
+                (bytes.saturating_add(volume.record.size_bytes), count + 1)
+            });
+        PoolInfo {
+            name: self.record.name.clone(),
+            id: self.record.id,
+            class: self.record.class,
+            device_path: self.record.device_path.clone(),
+            metadata_path: self.engine.metadata.path().to_path_buf(),
+            capacity_bytes: self.engine.layout.capacity_bytes(),
+            allocated_bytes: state.allocator.used_count() * CHUNK_BYTES,
+            free_bytes: state.allocator.free_count() * CHUNK_BYTES,
+            provisioned_bytes,
+            volume_count,
+            journal_bytes: self.engine.layout.journal_bytes,
+            chunk_bytes: CHUNK_BYTES,
+            checksum_errors: self.engine.checksum_errors.load(Ordering::Relaxed),
+            failed: state.failed.clone(),
+        }
     }
 
     pub fn create_volume(
@@ -102,15 +241,62 @@ impl Pool {
         name: &VolumeName,
         size_bytes: u64,
     ) -> Result<VolumeInfo, StoreError> {
-        let _ = (name, size_bytes);
-        todo!()
+        check_volume_size(size_bytes)?;
+        let _metadata = self.metadata_lock();
+        if self.find(name).is_ok() {
+            return Err(StoreError::VolumeExists(name.clone()));
+        }
+        let record = VolumeRecord {
+            name: name.clone(),
+            size_bytes,
+            created_unix_seconds: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |elapsed| elapsed.as_secs()),
+        };
+        let id = self.engine.metadata.add_volume(&record)?;
+        self.engine.lock().volumes.insert(
+            id,
+            VolumeState {
+                record,
+                map: Default::default(),
+                overlay: Default::default(),
+                deleted: false,
+                checksum_errors: 0,
+            },
+        );
+        self.volume_info(name)
     }
 
     /// Deletes the volume and returns its chunks. Open handles of it answer
     /// `ShuttingDown` from then on.
     pub fn delete_volume(&self, name: &VolumeName) -> Result<(), StoreError> {
-        let _ = name;
-        todo!()
+        let _metadata = self.metadata_lock();
+        let id = self.find(name)?;
+        self.engine
+            .lock()
+            .volumes
+            .get_mut(&id)
+            .expect("found")
+            .deleted = true;
+        // Records of the volume still in the journal are skipped when applied
+        // or replayed: the volume id is never reused.
+        if let Err(error) = self.engine.metadata.remove_volume(id) {
+            self.engine
+                .lock()
+                .volumes
+                .get_mut(&id)
+                .expect("found")
+                .deleted = false;
+            return Err(error);
+        }
+        let mut state = self.engine.lock();
+        let volume = state.volumes.remove(&id).expect("found");
+        for (_, entry) in volume.map.iter() {
+            state.allocator.free(entry.physical);
+        }
+        state.dirty_chunks.retain(|(volume, _)| *volume != id);
+        self.engine.changed.notify_all();
+        Ok(())
     }
 
     /// Grows a volume; shrinking is refused.
@@ -119,38 +305,376 @@ impl Pool {
         name: &VolumeName,
         new_size_bytes: u64,
     ) -> Result<VolumeInfo, StoreError> {
-        let _ = (name, new_size_bytes);
-        todo!()
+        check_volume_size(new_size_bytes)?;
+        let _metadata = self.metadata_lock();
+        let id = self.find(name)?;
+        let mut record = self.engine.lock().volumes[&id].record.clone();
+        if new_size_bytes < record.size_bytes {
+            return Err(StoreError::ShrinkRefused {
+                name: name.clone(),
+                current_bytes: record.size_bytes,
+                requested_bytes: new_size_bytes,
+            });
+        }
+        record.size_bytes = new_size_bytes;
+        self.engine.metadata.update_volume(id, &record)?;
+        self.engine
+            .lock()
+            .volumes
+            .get_mut(&id)
+            .expect("found")
+            .record = record;
+        self.volume_info(name)
     }
 
     pub fn volume_info(&self, name: &VolumeName) -> Result<VolumeInfo, StoreError> {
-        let _ = name;
-        todo!()
+        let id = self.find(name)?;
+        let state = self.engine.lock();
+        Ok(self.describe(id, &state.volumes[&id]))
     }
 
     pub fn volumes(&self) -> Vec<VolumeInfo> {
-        todo!()
+        let state = self.engine.lock();
+        state
+            .volumes
+            .iter()
+            .filter(|(_, volume)| !volume.deleted)
+            .map(|(id, volume)| self.describe(*id, volume))
+            .collect()
     }
 
     pub fn open_volume(&self, name: &VolumeName) -> Result<Arc<Volume>, StoreError> {
-        let _ = name;
-        todo!()
+        let id = self.find(name)?;
+        Ok(Arc::new(Volume {
+            engine: self.engine.clone(),
+            id,
+            name: name.clone(),
+        }))
     }
 
-    /// Recomputes accounting from the chunk maps and checks every written
-    /// block's checksum. Reads the whole pool: for tests and `pool check`.
+    /// Holds the background applier back (or lets it go again), so that a
+    /// test can leave records in the journal on purpose. Writers that need
+    /// journal space wait while it is paused.
+    #[doc(hidden)]
+    pub fn pause_applier(&self, paused: bool) {
+        self.engine.lock().applier_paused = paused;
+        self.engine.changed.notify_all();
+    }
+
+    /// Applies the journal and checkpoints now.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        self.engine.apply_all()?;
+        self.engine.checkpoint()
+    }
+
+    /// Recomputes accounting from the chunk maps, compares the maps in
+    /// memory with those in the database, and reads every written block
+    /// through the checksum-verifying read path.
     pub fn scan(&self) -> Result<ScanReport, StoreError> {
-        todo!()
+        self.sync()?;
+        let mut report = ScanReport {
+            allocated_chunks_counted: 0,
+            allocated_chunks_accounted: 0,
+            blocks_checked: 0,
+            checksum_mismatches: Vec::new(),
+            problems: Vec::new(),
+        };
+        let (mut chunks, used) = {
+            let state = self.engine.lock();
+            let chunks: Vec<_> = state
+                .volumes
+                .iter()
+                .filter(|(_, volume)| !volume.deleted)
+                .flat_map(|(id, volume)| {
+                    volume
+                        .map
+                        .iter()
+                        .map(move |(chunk, entry)| (*id, chunk, entry))
+                })
+                .collect();
+            (chunks, state.allocator.used_count())
+        };
+        chunks.sort_unstable_by_key(|(volume, chunk, _)| (*volume, *chunk));
+        report.allocated_chunks_counted = chunks.len() as u64;
+        report.allocated_chunks_accounted = used;
+        let mut physical_seen = std::collections::HashSet::new();
+        for (volume, chunk, entry) in &chunks {
+            if !physical_seen.insert(entry.physical) {
+                report.problems.push(format!(
+                    "physical chunk {} is mapped twice (volume {volume}, chunk {chunk})",
+                    entry.physical
+                ));
+            }
+        }
+        let mut stored = self.engine.metadata.stored_chunks()?;
+        stored.sort_unstable_by_key(|(volume, chunk, _)| (*volume, *chunk));
+        if stored != chunks {
+            report.problems.push(format!(
+                "chunk maps in memory ({} entries) differ from the database ({} entries)",
+                chunks.len(),
+                stored.len()
+            ));
+        }
+        self.check_blocks(&chunks, &mut report);
+        Ok(report)
+    }
+
+    fn check_blocks(
+        &self,
+        chunks: &[(VolumeId, u64, crate::chunk_map::ChunkEntry)],
+        report: &mut ScanReport,
+    ) {
+        let blocks_per_chunk = CHUNK_BYTES / BLOCK_SIZE;
+        let mut buffer = vec![0u8; BLOCK_SIZE as usize];
+        for (volume, chunk, entry) in chunks {
+            for bit in 0..blocks_per_chunk {
+                if !entry.block_written(bit) {
+                    continue;
+                }
+                let block = chunk * blocks_per_chunk + bit;
+                report.blocks_checked += 1;
+                if let Err(error) = self.engine.read(*volume, block * BLOCK_SIZE, &mut buffer) {
+                    report
+                        .checksum_mismatches
+                        .push(format!("volume {volume} block {block}: {error}"));
+                }
+            }
+        }
     }
 
     /// Applies the journal, checkpoints and stops the background thread.
+    /// Later I/O answers `ShuttingDown`.
     pub fn shutdown(&self) -> Result<(), StoreError> {
-        todo!()
+        {
+            let mut state = self.engine.lock();
+            state.shutting_down = true;
+            self.engine.changed.notify_all();
+        }
+        let handle = self
+            .applier
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+        match self.engine.lock().failed.clone() {
+            Some(reason) => Err(StoreError::Fatal(reason)),
+            None => Ok(()),
+        }
     }
 
     /// Removes an empty pool: wipes its superblock, deletes its metadata, and
     /// deletes the device file if the pool created it.
     pub fn destroy(self: Arc<Self>) -> Result<(), StoreError> {
-        todo!()
+        let count = self.volumes().len();
+        if count > 0 {
+            return Err(StoreError::PoolNotEmpty {
+                pool: self.record.name.clone(),
+                count,
+            });
+        }
+        let _ = self.shutdown();
+        let path = &self.record.device_path;
+        self.engine
+            .file
+            .write_all_at(&[0u8; SUPERBLOCK_BYTES as usize], 0)
+            .and_then(|()| self.engine.file.sync_all())
+            .map_err(|error| {
+                StoreError::io(
+                    format!("wiping the superblock of {}", path.display()),
+                    error,
+                )
+            })?;
+        let metadata_path = self.engine.metadata.path().to_path_buf();
+        std::fs::remove_file(&metadata_path).map_err(|error| {
+            StoreError::io(format!("removing {}", metadata_path.display()), error)
+        })?;
+        if self.record.created_file {
+            std::fs::remove_file(path)
+                .map_err(|error| StoreError::io(format!("removing {}", path.display()), error))?;
+        }
+        Ok(())
     }
+
+    fn find(&self, name: &VolumeName) -> Result<VolumeId, StoreError> {
+        let state = self.engine.lock();
+        state
+            .volumes
+            .iter()
+            .find(|(_, volume)| !volume.deleted && &volume.record.name == name)
+            .map(|(id, _)| *id)
+            .ok_or_else(|| StoreError::VolumeNotFound(name.clone()))
+    }
+
+    fn describe(&self, id: VolumeId, volume: &VolumeState) -> VolumeInfo {
+        VolumeInfo {
+            name: volume.record.name.clone(),
+            id,
+            pool: self.record.name.clone(),
+            size_bytes: volume.record.size_bytes,
+            allocated_bytes: volume.map.len() * CHUNK_BYTES,
+            created_unix_seconds: volume.record.created_unix_seconds,
+            checksum_errors: volume.checksum_errors,
+        }
+    }
+
+    fn metadata_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.engine
+            .metadata_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+fn check_volume_size(size_bytes: u64) -> Result<(), StoreError> {
+    if size_bytes == 0 {
+        return Err(StoreError::SizeZero);
+    }
+    if size_bytes > VOLUME_MAX_BYTES {
+        return Err(StoreError::SizeTooLarge {
+            size_bytes,
+            maximum_bytes: VOLUME_MAX_BYTES,
+        });
+    }
+    if !size_bytes.is_multiple_of(BLOCK_SIZE) {
+        return Err(StoreError::SizeUnaligned(size_bytes));
+    }
+    Ok(())
+}
+
+/// Opens an existing device or file, or creates a file of `size_bytes`.
+/// Returns the file, its size, and whether it was created here.
+fn open_or_create_device(
+    path: &Path,
+    size_bytes: Option<u64>,
+) -> Result<(File, u64, bool), StoreError> {
+    let opening = |error| StoreError::io(format!("opening {}", path.display()), error);
+    if path.exists() {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(opening)?;
+        lock_exclusive(&file, path)?;
+        let mut block = vec![0u8; SUPERBLOCK_BYTES as usize];
+        if file.read_exact_at(&mut block, 0).is_ok() && Superblock::decode(path, &block).is_ok() {
+            return Err(StoreError::AlreadyAPool {
+                path: path.to_path_buf(),
+            });
+        }
+        let mut size = device_size(&file).map_err(opening)?;
+        if !file_is_block_device(&file) {
+            if let Some(wanted) = size_bytes.filter(|wanted| *wanted > size) {
+                file.set_len(wanted)
+                    .map_err(|error| StoreError::io(format!("sizing {}", path.display()), error))?;
+                size = wanted;
+            }
+        }
+        if size == 0 {
+            return Err(StoreError::SizeNeeded {
+                path: path.to_path_buf(),
+            });
+        }
+        return Ok((file, size, false));
+    }
+    let size = size_bytes.ok_or_else(|| StoreError::SizeNeeded {
+        path: path.to_path_buf(),
+    })?;
+    if size < crate::layout::POOL_MIN_BYTES {
+        return Err(StoreError::PoolTooSmall {
+            size_bytes: size,
+            minimum_bytes: crate::layout::POOL_MIN_BYTES,
+        });
+    }
+    if let Some(parent) = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(parent)
+            .map_err(|error| StoreError::io(format!("creating {}", parent.display()), error))?;
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|error| StoreError::io(format!("creating {}", path.display()), error))?;
+    lock_exclusive(&file, path)?;
+    file.set_len(size)
+        .map_err(|error| StoreError::io(format!("sizing {}", path.display()), error))?;
+    Ok((file, size, true))
+}
+
+fn file_is_block_device(file: &File) -> bool {
+    file.metadata()
+        .map(|metadata| metadata.file_type().is_block_device())
+        .unwrap_or(false)
+}
+
+fn device_size(file: &File) -> std::io::Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    // Seeking to the end sizes both files and block devices.
+    let mut handle = file;
+    let size = handle.seek(SeekFrom::End(0))?;
+    handle.seek(SeekFrom::Start(0))?;
+    Ok(size)
+}
+
+fn allocate_space(file: &File, bytes: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain system call on an open descriptor.
+    let result = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, bytes as libc::off_t) };
+    if result == 0 {
+        return Ok(());
+    }
+    let error = std::io::Error::last_os_error();
+    // File systems without fallocate (tmpfs has it; some FUSE ones do not)
+    // still work, only without the reservation.
+    if error.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        return Ok(());
+    }
+    Err(error)
+}
+
+/// One process per pool: a second `trireme` on the same device would
+/// corrupt it.
+fn lock_exclusive(file: &File, path: &Path) -> Result<(), StoreError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain system call on an open descriptor.
+    let result = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if result != 0 {
+        return Err(StoreError::io(
+            format!(
+                "locking {} (is another trireme process using it?)",
+                path.display()
+            ),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+fn random_u128() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS's random source; two hashers give
+    // 128 random bits without another dependency.
+    let mut value = 0u128;
+    for round in 0..2u64 {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(round);
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        value = (value << 64) | hasher.finish() as u128;
+    }
+    value
 }

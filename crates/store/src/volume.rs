@@ -1,36 +1,68 @@
 //! [`Volume`]: one thin volume of a pool, served as a [`BlockTarget`].
 
-use trireme_types::{BlockStatusExtent, BlockTarget, TargetError, ZeroFlags};
+use crate::engine::Engine;
+use std::sync::Arc;
+use trireme_types::{BlockStatusExtent, BlockTarget, TargetError, VolumeId, VolumeName, ZeroFlags};
 
 pub struct Volume {
-    _private: (),
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) id: VolumeId,
+    pub(crate) name: VolumeName,
+}
+
+impl Volume {
+    pub fn id(&self) -> VolumeId {
+        self.id
+    }
+
+    pub fn name(&self) -> &VolumeName {
+        &self.name
+    }
 }
 
 impl BlockTarget for Volume {
     fn size_bytes(&self) -> u64 {
-        todo!()
+        let state = self.engine.lock();
+        state
+            .live_volume(self.id)
+            .map_or(0, |volume| volume.record.size_bytes)
     }
+
     fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), TargetError> {
-        let _ = (offset, buffer);
-        todo!()
+        self.engine.read(self.id, offset, buffer)
     }
+
     fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), TargetError> {
-        let _ = (offset, data, fua);
-        todo!()
+        self.engine.write(self.id, offset, data, fua)
     }
+
     fn flush(&self) -> Result<(), TargetError> {
-        todo!()
+        self.engine.lock().live_volume(self.id)?;
+        self.engine.flush()
     }
+
     fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), TargetError> {
-        let _ = (offset, length, fua);
-        todo!()
+        self.engine.zero(self.id, offset, length, fua, true)
     }
+
     fn write_zeroes(&self, offset: u64, length: u64, flags: ZeroFlags) -> Result<(), TargetError> {
-        let _ = (offset, length, flags);
-        todo!()
+        if !flags.no_hole {
+            return self.engine.zero(self.id, offset, length, flags.fua, false);
+        }
+        if flags.fast_zero {
+            return Err(TargetError::NotSupported(
+                "zeroes that stay allocated (NO_HOLE) are written block by block, which is not fast".into(),
+            ));
+        }
+        self.engine
+            .zero_allocated(self.id, offset, length, flags.fua)
     }
-    fn block_status(&self, offset: u64, length: u64) -> Result<Vec<BlockStatusExtent>, TargetError> {
-        let _ = (offset, length);
-        todo!()
+
+    fn block_status(
+        &self,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<BlockStatusExtent>, TargetError> {
+        self.engine.block_status(self.id, offset, length)
     }
 }

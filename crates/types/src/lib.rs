@@ -17,9 +17,7 @@ pub use target::{BlockStatusExtent, BlockTarget, TargetError, ZeroFlags};
 pub const BLOCK_SIZE: u64 = 4096;
 
 /// What kind of device backs a pool; placement filters on it.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceClass {
     Nvme,

@@ -57,7 +57,7 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
         let denominator = 10u128.pow(fraction.len() as u32);
         let numerator: u128 = fraction.parse().map_err(|_| malformed())?;
         let scaled = numerator << shift;
-        if scaled % denominator != 0 {
+        if !scaled.is_multiple_of(denominator) {
             return Err(malformed());
         }
         bytes += scaled / denominator;
@@ -107,7 +107,7 @@ mod tests {
         assert!(matches!(parse_size("-1G"), Err(SizeError::Malformed(_))));
         assert!(matches!(parse_size("G"), Err(SizeError::Malformed(_))));
         assert!(matches!(parse_size("0.3"), Err(SizeError::Malformed(_))));
-        assert!(matches!(parse_size("16P"), Ok(_)));
+        assert!(parse_size("16P").is_ok());
         assert!(matches!(parse_size("16384P"), Err(SizeError::TooLarge(_))));
         assert!(matches!(
             parse_size("18446744073709551616"),

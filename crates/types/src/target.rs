@@ -78,8 +78,7 @@ pub trait BlockTarget: Send + Sync + 'static {
     fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), TargetError>;
 
     /// The range reads as zeros afterwards.
-    fn write_zeroes(&self, offset: u64, length: u64, flags: ZeroFlags)
-        -> Result<(), TargetError>;
+    fn write_zeroes(&self, offset: u64, length: u64, flags: ZeroFlags) -> Result<(), TargetError>;
 
     /// Allocation state from `offset`, covering at most `length` bytes and at
     /// least one extent. Extents are in order and do not overlap.

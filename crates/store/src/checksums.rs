@@ -1,0 +1,150 @@
+//! The crc32c of every data block, cached in 4 KiB pages.
+//!
+//! On disk the checksum region holds one little-endian u32 per physical
+//! block. In memory a bounded number of pages is cached; changed pages stay
+//! pinned (dirty) until a checkpoint has written them, so a page is never
+//! re-read from disk while the disk copy is older than memory.
+
+use crate::layout::{Layout, BLOCK_BYTES};
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+const CRCS_PER_PAGE: u64 = BLOCK_BYTES / 4;
+/// Pages cached before clean ones are evicted: 64 MiB, the checksums of
+/// 64 GiB of data. Dirty pages may exceed it until the next checkpoint.
+pub const CACHE_PAGES_MAX: usize = 16 * 1024;
+
+struct Page {
+    crcs: Box<[u32]>,
+    dirty: bool,
+    /// Bumped on each change, so a checkpoint knows whether the page changed
+    /// again while it was being written.
+    version: u64,
+}
+
+pub struct ChecksumTable {
+    pages: HashMap<u64, Page>,
+    /// Load order, for evicting the oldest clean page.
+    clock: VecDeque<u64>,
+    capacity_pages: usize,
+}
+
+/// A dirty page copied out for writing.
+pub struct PageWrite {
+    pub page: u64,
+    pub version: u64,
+    pub bytes: Vec<u8>,
+}
+
+impl ChecksumTable {
+    pub fn new(capacity_pages: usize) -> ChecksumTable {
+        ChecksumTable {
+            pages: HashMap::new(),
+            clock: VecDeque::new(),
+            capacity_pages: capacity_pages.max(1),
+        }
+    }
+
+    fn page_offset(layout: &Layout, page: u64) -> u64 {
+        layout.checksum_offset + page * BLOCK_BYTES
+    }
+
+    fn load(&mut self, file: &File, layout: &Layout, page: u64) -> io::Result<&mut Page> {
+        if !self.pages.contains_key(&page) {
+            self.evict_if_full();
+            let mut bytes = vec![0u8; BLOCK_BYTES as usize];
+            file.read_exact_at(&mut bytes, Self::page_offset(layout, page))?;
+            let crcs = bytes
+                .chunks_exact(4)
+                .map(|four| u32::from_le_bytes(four.try_into().expect("4 bytes")))
+                .collect();
+            self.pages.insert(
+                page,
+                Page {
+                    crcs,
+                    dirty: false,
+                    version: 0,
+                },
+            );
+            self.clock.push_back(page);
+        }
+        Ok(self.pages.get_mut(&page).expect("just loaded"))
+    }
+
+    fn evict_if_full(&mut self) {
+        let mut looked = 0;
+        while self.pages.len() >= self.capacity_pages && looked < self.clock.len() {
+            let Some(candidate) = self.clock.pop_front() else {
+                break;
+            };
+            looked += 1;
+            match self.pages.get(&candidate) {
+                Some(page) if page.dirty => self.clock.push_back(candidate),
+                Some(_) => {
+                    self.pages.remove(&candidate);
+                }
+                None => {}
+            }
+        }
+    }
+
+    pub fn get(&mut self, file: &File, layout: &Layout, physical_block: u64) -> io::Result<u32> {
+        let page = self.load(file, layout, physical_block / CRCS_PER_PAGE)?;
+        Ok(page.crcs[(physical_block % CRCS_PER_PAGE) as usize])
+    }
+
+    pub fn set(
+        &mut self,
+        file: &File,
+        layout: &Layout,
+        physical_block: u64,
+        crc: u32,
+    ) -> io::Result<()> {
+        let page = self.load(file, layout, physical_block / CRCS_PER_PAGE)?;
+        page.crcs[(physical_block % CRCS_PER_PAGE) as usize] = crc;
+        page.dirty = true;
+        page.version += 1;
+        Ok(())
+    }
+
+    pub fn dirty_pages(&self) -> usize {
+        self.pages.values().filter(|page| page.dirty).count()
+    }
+
+    /// Copies of every dirty page, for a checkpoint to write.
+    pub fn collect_dirty(&self) -> Vec<PageWrite> {
+        let mut writes: Vec<PageWrite> = self
+            .pages
+            .iter()
+            .filter(|(_, page)| page.dirty)
+            .map(|(number, page)| PageWrite {
+                page: *number,
+                version: page.version,
+                bytes: page.crcs.iter().flat_map(|crc| crc.to_le_bytes()).collect(),
+            })
+            .collect();
+        writes.sort_unstable_by_key(|write| write.page);
+        writes
+    }
+
+    pub fn write_pages(file: &File, layout: &Layout, writes: &[PageWrite]) -> io::Result<()> {
+        for write in writes {
+            file.write_all_at(&write.bytes, Self::page_offset(layout, write.page))?;
+        }
+        Ok(())
+    }
+
+    /// After `writes` are durable: unpin the pages that did not change since.
+    pub fn mark_clean(&mut self, writes: &[PageWrite]) {
+        for write in writes {
+            if let Some(page) = self.pages.get_mut(&write.page) {
+                if page.version == write.version {
+                    page.dirty = false;
+                }
+            }
+        }
+        self.evict_if_full();
+    }
+}

@@ -1,0 +1,213 @@
+//! Chunk maps (logical chunk → physical chunk) and the free-chunk allocator.
+//!
+//! A chunk is allocated on the first write to any of its 16 blocks; its
+//! `written` bitmap says which blocks hold data. Blocks not written read as
+//! zeros, so a new chunk never needs zero-filling, and a chunk whose last
+//! written block is trimmed goes back to the allocator.
+
+use std::collections::HashMap;
+
+/// One mapped chunk: where it lives and which of its blocks hold data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkEntry {
+    pub physical: u32,
+    pub written: u16,
+}
+
+impl ChunkEntry {
+    pub fn pack(self) -> u64 {
+        ((self.physical as u64) << 16) | self.written as u64
+    }
+
+    pub fn unpack(packed: u64) -> ChunkEntry {
+        ChunkEntry {
+            physical: (packed >> 16) as u32,
+            written: packed as u16,
+        }
+    }
+
+    pub fn block_written(self, block_in_chunk: u64) -> bool {
+        self.written & (1 << block_in_chunk) != 0
+    }
+}
+
+/// The chunk map of one volume. Sparse: only chunks ever written are here.
+#[derive(Debug, Default, Clone)]
+pub struct VolumeMap {
+    entries: HashMap<u64, ChunkEntry>,
+}
+
+impl VolumeMap {
+    pub fn get(&self, logical: u64) -> Option<ChunkEntry> {
+        self.entries.get(&logical).copied()
+    }
+
+    pub fn set(&mut self, logical: u64, entry: Option<ChunkEntry>) {
+        match entry {
+            Some(entry) => {
+                assert!(entry.written != 0, "a mapped chunk has a written block");
+                self.entries.insert(logical, entry);
+            }
+            None => {
+                self.entries.remove(&logical);
+            }
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u64, ChunkEntry)> + '_ {
+        self.entries
+            .iter()
+            .map(|(logical, entry)| (*logical, *entry))
+    }
+
+    /// Logical chunks in `[first, end)` that are mapped, cheaply for both
+    /// small ranges of a big map and big ranges of a small map.
+    pub fn mapped_in(&self, first: u64, end: u64) -> Vec<u64> {
+        let mut found: Vec<u64> = if end - first <= self.entries.len() as u64 {
+            (first..end)
+                .filter(|logical| self.entries.contains_key(logical))
+                .collect()
+        } else {
+            self.entries
+                .keys()
+                .copied()
+                .filter(|logical| (first..end).contains(logical))
+                .collect()
+        };
+        found.sort_unstable();
+        found
+    }
+}
+
+/// Free physical chunks, one bit each. Allocation scans forward from the
+/// last allocation so consecutive writes land in consecutive chunks.
+#[derive(Debug, Clone)]
+pub struct Allocator {
+    used: Vec<u64>,
+    chunk_count: u64,
+    free_count: u64,
+    cursor: u64,
+}
+
+impl Allocator {
+    pub fn new(chunk_count: u64) -> Allocator {
+        Allocator {
+            used: vec![0; chunk_count.div_ceil(64) as usize],
+            chunk_count,
+            free_count: chunk_count,
+            cursor: 0,
+        }
+    }
+
+    pub fn free_count(&self) -> u64 {
+        self.free_count
+    }
+
+    pub fn used_count(&self) -> u64 {
+        self.chunk_count - self.free_count
+    }
+
+    pub fn is_used(&self, physical: u32) -> bool {
+        let physical = physical as u64;
+        self.used[(physical / 64) as usize] & (1 << (physical % 64)) != 0
+    }
+
+    /// Marks a chunk used while loading maps; false if it already was,
+    /// which means two map entries share it.
+    pub fn mark_used(&mut self, physical: u32) -> bool {
+        assert!(
+            (physical as u64) < self.chunk_count,
+            "physical chunk {physical} out of range"
+        );
+        if self.is_used(physical) {
+            return false;
+        }
+        let physical = physical as u64;
+        self.used[(physical / 64) as usize] |= 1 << (physical % 64);
+        self.free_count -= 1;
+        true
+    }
+
+    pub fn allocate(&mut self) -> Option<u32> {
+        if self.free_count == 0 {
+            return None;
+        }
+        let words = self.used.len() as u64;
+        let start_word = self.cursor / 64;
+        for step in 0..=words {
+            let word_index = ((start_word + step) % words) as usize;
+            let word = self.used[word_index];
+            if word == u64::MAX {
+                continue;
+            }
+            let bit = (!word).trailing_zeros() as u64;
+            let physical = word_index as u64 * 64 + bit;
+            if physical >= self.chunk_count {
+                continue;
+            }
+            self.used[word_index] |= 1 << bit;
+            self.free_count -= 1;
+            self.cursor = physical + 1;
+            return Some(physical as u32);
+        }
+        unreachable!("free_count {} but no free bit", self.free_count)
+    }
+
+    pub fn free(&mut self, physical: u32) {
+        assert!(self.is_used(physical), "freeing free chunk {physical}");
+        let physical = physical as u64;
+        self.used[(physical / 64) as usize] &= !(1 << (physical % 64));
+        self.free_count += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_pack() {
+        let entry = ChunkEntry {
+            physical: 0xfedc_ba98,
+            written: 0x8001,
+        };
+        assert_eq!(ChunkEntry::unpack(entry.pack()), entry);
+        assert!(entry.block_written(0) && entry.block_written(15) && !entry.block_written(1));
+    }
+
+    #[test]
+    fn allocator_hands_out_every_chunk_once() {
+        let mut allocator = Allocator::new(130);
+        let mut seen = std::collections::HashSet::new();
+        while let Some(physical) = allocator.allocate() {
+            assert!(seen.insert(physical));
+            assert!(physical < 130);
+        }
+        assert_eq!(seen.len(), 130);
+        assert_eq!(allocator.free_count(), 0);
+        allocator.free(77);
+        assert_eq!(allocator.allocate(), Some(77));
+        assert!(!allocator.mark_used(77));
+    }
+
+    #[test]
+    fn mapped_in_finds_ranges_both_ways() {
+        let mut map = VolumeMap::default();
+        for logical in [3, 10, 1000] {
+            map.set(
+                logical,
+                Some(ChunkEntry {
+                    physical: 1,
+                    written: 1,
+                }),
+            );
+        }
+        assert_eq!(map.mapped_in(0, 11), vec![3, 10]);
+        assert_eq!(map.mapped_in(4, 2000), vec![10, 1000]);
+        assert_eq!(map.mapped_in(0, 1), Vec::<u64>::new());
+    }
+}

@@ -1,0 +1,317 @@
+//! The background work of a pool: make journal records durable, apply them
+//! in place (data, checksums, chunk maps) and checkpoint.
+//!
+//! Ordering, step by step (also in `docs/store-format.md`):
+//! 1. A record is applied only once durable in the journal, so in-place data
+//!    never runs ahead of the log that can redo it.
+//! 2. Applying writes data in place and updates the in-memory maps and
+//!    checksum cache; none of it needs to be durable yet.
+//! 3. A checkpoint writes the dirty checksum pages, flushes the device, then
+//!    commits the changed map entries and the new journal start in one redb
+//!    transaction. Only then is the journal space before it reused.
+//!    A crash anywhere replays from the previous checkpoint, which redoes
+//!    every step above idempotently.
+
+use super::{Engine, State};
+use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
+use crate::chunk_map::ChunkEntry;
+use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
+use crate::metadata::Checkpoint;
+use crate::record::{Record, RecordBody};
+use crate::StoreError;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long written records may wait before the applier takes them.
+const APPLY_DELAY: Duration = Duration::from_millis(5);
+/// Apply at once when this much data is waiting.
+const APPLY_BATCH_MIN_BYTES: u64 = 4 << 20;
+/// At most this much data per apply pass.
+const APPLY_BATCH_MAX_BYTES: u64 = 16 << 20;
+/// Bounds replay time after a crash.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One in-place write: a run of blocks of one record at one device offset.
+struct InPlace {
+    record: Arc<Record>,
+    first_index: usize,
+    blocks: usize,
+    device_offset: u64,
+}
+
+pub fn run_applier(engine: Arc<Engine>) {
+    let mut last_checkpoint = Instant::now();
+    loop {
+        let (stop, urgent) = {
+            let mut state = engine.lock();
+            let waiting_since = Instant::now();
+            loop {
+                if state.failed.is_some() {
+                    return;
+                }
+                let pending = state.written_sequence > state.applied_sequence;
+                let checkpoint_due = state.applied_position > state.tail
+                    && last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL;
+                if state.applier_paused && !state.shutting_down {
+                    state = engine.wait(state);
+                    continue;
+                }
+                if state.urgent
+                    || state.shutting_down
+                    || checkpoint_due
+                    || (pending
+                        && (state.unapplied_bytes >= APPLY_BATCH_MIN_BYTES
+                            || waiting_since.elapsed() >= APPLY_DELAY))
+                {
+                    break;
+                }
+                let timeout = if pending {
+                    APPLY_DELAY
+                } else {
+                    CHECKPOINT_INTERVAL
+                };
+                state = engine
+                    .changed
+                    .wait_timeout(state, timeout)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .0;
+            }
+            let urgent = state.urgent;
+            state.urgent = false;
+            (state.shutting_down, urgent)
+        };
+        if let Err(error) = engine.apply_all() {
+            tracing::error!(pool = %engine.pool_name, %error, "applying the journal failed");
+            return;
+        }
+        let journal_half_full = {
+            let state = engine.lock();
+            (state.head - state.tail) * 2 > engine.layout.journal_bytes
+                || state.checksums.dirty_pages() * 2 > CACHE_PAGES_MAX
+        };
+        if urgent || stop || journal_half_full || last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL {
+            if let Err(error) = engine.checkpoint() {
+                tracing::error!(pool = %engine.pool_name, %error, "checkpoint failed");
+                return;
+            }
+            last_checkpoint = Instant::now();
+        }
+        if stop {
+            let state = engine.lock();
+            if state.unapplied.is_empty() && state.tail == state.head {
+                return;
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Makes every written record durable and applies it.
+    pub fn apply_all(&self) -> Result<(), StoreError> {
+        let _applying = self
+            .apply_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let target = self.lock().written_sequence;
+        self.flush_to(target)
+            .map_err(|error| StoreError::Fatal(error.to_string()))?;
+        while self.apply_batch()? {}
+        Ok(())
+    }
+
+    /// Applies one batch of durable records; false when there was none.
+    fn apply_batch(&self) -> Result<bool, StoreError> {
+        let mut writes = Vec::new();
+        let batch: Vec<Arc<Record>> = {
+            let mut state = self.lock();
+            let mut batch = Vec::new();
+            let mut bytes = 0;
+            for record in state.unapplied.iter() {
+                if record.sequence > state.durable_sequence
+                    || (bytes >= APPLY_BATCH_MAX_BYTES && !batch.is_empty())
+                {
+                    break;
+                }
+                bytes += record.data_bytes();
+                batch.push(record.clone());
+            }
+            for record in &batch {
+                if let Err(reason) = self.apply_to_maps(&mut state, record, &mut writes) {
+                    self.fail(&mut state, reason.clone());
+                    return Err(StoreError::Fatal(reason));
+                }
+            }
+            batch
+        };
+        if batch.is_empty() {
+            return Ok(false);
+        }
+        for write in &writes {
+            let RecordBody::Write { data, .. } = &write.record.body else {
+                unreachable!("only writes go in place")
+            };
+            let block = BLOCK_BYTES as usize;
+            let bytes =
+                &data[write.first_index * block..(write.first_index + write.blocks) * block];
+            if let Err(error) = self.file.write_all_at(bytes, write.device_offset) {
+                let reason = format!(
+                    "in-place write at byte {} failed: {error}",
+                    write.device_offset
+                );
+                let mut state = self.lock();
+                self.fail(&mut state, reason.clone());
+                return Err(StoreError::Fatal(reason));
+            }
+        }
+        let mut state = self.lock();
+        for record in &batch {
+            let front = state
+                .unapplied
+                .pop_front()
+                .expect("batch came from the front");
+            assert_eq!(front.sequence, record.sequence, "records apply in order");
+            if let Some(volume) = state.volumes.get_mut(&record.volume) {
+                volume.overlay.remove(record);
+            }
+            state.applied_sequence = record.sequence;
+            state.applied_position = record.position + record.journal_bytes;
+            state.unapplied_bytes -= record.data_bytes();
+        }
+        state.validate(self.layout.journal_bytes);
+        self.changed.notify_all();
+        Ok(true)
+    }
+
+    /// Updates maps, allocator and checksums for one record and lists its
+    /// in-place writes. Runs under the lock; does no data I/O.
+    fn apply_to_maps(
+        &self,
+        state: &mut State,
+        record: &Arc<Record>,
+        writes: &mut Vec<InPlace>,
+    ) -> Result<(), String> {
+        state.reserved_chunks -= record.reserved_chunks;
+        let live = matches!(state.volumes.get(&record.volume), Some(volume) if !volume.deleted);
+        if !live {
+            // The volume was deleted after this record was written.
+            return Ok(());
+        }
+        match &record.body {
+            RecordBody::Pad => {}
+            RecordBody::Write { block_crcs, .. } => {
+                for (index, block) in (record.first_block..record.end_block()).enumerate() {
+                    let chunk = block / BLOCKS_PER_CHUNK;
+                    let bit = block % BLOCKS_PER_CHUNK;
+                    let existing = state.volumes[&record.volume].map.get(chunk);
+                    let mut entry = match existing {
+                        Some(entry) => entry,
+                        None => {
+                            let physical = state.allocator.allocate().ok_or_else(|| {
+                                format!(
+                                    "no free chunk for a reserved write (volume {}, chunk {chunk})",
+                                    record.volume
+                                )
+                            })?;
+                            ChunkEntry {
+                                physical,
+                                written: 0,
+                            }
+                        }
+                    };
+                    entry.written |= 1 << bit;
+                    let volume = state.volumes.get_mut(&record.volume).expect("live");
+                    volume.map.set(chunk, Some(entry));
+                    state.dirty_chunks.insert((record.volume, chunk));
+                    let physical_block = entry.physical as u64 * BLOCKS_PER_CHUNK + bit;
+                    state
+                        .checksums
+                        .set(&self.file, &self.layout, physical_block, block_crcs[index])
+                        .map_err(|error| format!("loading checksums failed: {error}"))?;
+                    let device_offset = self.layout.data_block_offset(physical_block);
+                    match writes.last_mut() {
+                        Some(last)
+                            if Arc::ptr_eq(&last.record, record)
+                                && last.device_offset + last.blocks as u64 * BLOCK_BYTES
+                                    == device_offset =>
+                        {
+                            last.blocks += 1
+                        }
+                        _ => writes.push(InPlace {
+                            record: record.clone(),
+                            first_index: index,
+                            blocks: 1,
+                            device_offset,
+                        }),
+                    }
+                }
+            }
+            RecordBody::Zero => {
+                let first_chunk = record.first_block / BLOCKS_PER_CHUNK;
+                let end_chunk = record.end_block().div_ceil(BLOCKS_PER_CHUNK);
+                let mapped = state.volumes[&record.volume]
+                    .map
+                    .mapped_in(first_chunk, end_chunk);
+                for chunk in mapped {
+                    let chunk_first = chunk * BLOCKS_PER_CHUNK;
+                    let from = record.first_block.max(chunk_first) - chunk_first;
+                    let to = record.end_block().min(chunk_first + BLOCKS_PER_CHUNK) - chunk_first;
+                    let mask = (((1u32 << to) - 1) & !((1u32 << from) - 1)) as u16;
+                    let volume = state.volumes.get_mut(&record.volume).expect("live");
+                    let mut entry = volume.map.get(chunk).expect("listed as mapped");
+                    entry.written &= !mask;
+                    if entry.written == 0 {
+                        volume.map.set(chunk, None);
+                        state.allocator.free(entry.physical);
+                    } else {
+                        volume.map.set(chunk, Some(entry));
+                    }
+                    state.dirty_chunks.insert((record.volume, chunk));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes checksums, flushes, and commits maps and the journal start.
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        let _metadata = self
+            .metadata_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (changes, pages, checkpoint) = {
+            let mut state = self.lock();
+            let keys: Vec<_> = state.dirty_chunks.drain().collect();
+            let changes: Vec<_> = keys
+                .into_iter()
+                .filter_map(|(volume, chunk)| {
+                    let volume_state = state
+                        .volumes
+                        .get(&volume)
+                        .filter(|volume| !volume.deleted)?;
+                    Some(((volume, chunk), volume_state.map.get(chunk)))
+                })
+                .collect();
+            let checkpoint = Checkpoint {
+                epoch: self.epoch,
+                position: state.applied_position,
+                next_sequence: state.applied_sequence + 1,
+            };
+            (changes, state.checksums.collect_dirty(), checkpoint)
+        };
+        let result = ChecksumTable::write_pages(&self.file, &self.layout, &pages)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|error| StoreError::io("writing checksums for a checkpoint", error))
+            .and_then(|()| self.metadata.checkpoint(&changes, checkpoint));
+        let mut state = self.lock();
+        if let Err(error) = result {
+            self.fail(&mut state, format!("checkpoint failed: {error}"));
+            return Err(error);
+        }
+        state.tail = checkpoint.position;
+        state.checksums.mark_clean(&pages);
+        state.validate(self.layout.journal_bytes);
+        self.changed.notify_all();
+        Ok(())
+    }
+}

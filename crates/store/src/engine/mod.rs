@@ -1,0 +1,195 @@
+//! The engine: one per pool. It owns the device, the journal state, the
+//! chunk maps, the checksum cache and the metadata database.
+//!
+//! - `write`: requests become journal records (write → journal → ack).
+//! - `read`: reads and block status, from pending records or in place.
+//! - `apply`: the background thread: make durable, apply, checkpoint.
+//! - `replay`: rebuild state from the journal when a pool opens.
+//!
+//! One mutex guards [`State`]; nothing slow happens while holding it except
+//! loading a checksum page that is not cached. Device I/O on the hot path
+//! (journal writes, reads of data) happens outside the lock.
+
+mod apply;
+mod read;
+mod replay;
+mod write;
+
+pub use apply::run_applier;
+pub use replay::open_engine;
+
+use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
+use crate::chunk_map::{Allocator, VolumeMap};
+use crate::layout::Layout;
+use crate::metadata::{Metadata, VolumeRecord};
+use crate::overlay::Overlay;
+use crate::record::Record;
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::fs::File;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use trireme_types::{PoolName, TargetError, VolumeId};
+
+/// Data of records not yet applied in place, held in memory for reads and
+/// for the applier. Writers wait when it is reached.
+pub const UNAPPLIED_BYTES_MAX: u64 = 64 << 20;
+
+pub struct VolumeState {
+    pub record: VolumeRecord,
+    pub map: VolumeMap,
+    pub overlay: Overlay,
+    pub deleted: bool,
+    pub checksum_errors: u64,
+}
+
+pub struct State {
+    /// Set when the device failed in a way that leaves the journal or the
+    /// in-place data uncertain: the pool refuses all I/O from then on.
+    pub failed: Option<String>,
+    pub shutting_down: bool,
+    /// Set by a waiter that needs the applier now (journal or memory full,
+    /// space that pending trims may free, a sync request).
+    pub urgent: bool,
+    /// Tests hold the applier back to leave records unapplied on purpose.
+    pub applier_paused: bool,
+    pub next_sequence: u64,
+    /// Next free logical journal position.
+    pub head: u64,
+    /// Journal space before this position is free (checkpointed).
+    pub tail: u64,
+    pub applied_position: u64,
+    pub applied_sequence: u64,
+    /// Every record up to here is in the journal file.
+    pub written_sequence: u64,
+    /// Every record up to here is durable (a device flush covered it).
+    pub durable_sequence: u64,
+    pub flushing: bool,
+    /// Records after `applied_sequence`, in sequence order.
+    pub unapplied: VecDeque<Arc<Record>>,
+    pub unapplied_bytes: u64,
+    pub volumes: BTreeMap<VolumeId, VolumeState>,
+    pub allocator: Allocator,
+    /// Chunks promised to unapplied records; never more than free.
+    pub reserved_chunks: u64,
+    pub checksums: ChecksumTable,
+    /// Map entries changed since the last checkpoint.
+    pub dirty_chunks: HashSet<(VolumeId, u64)>,
+}
+
+impl State {
+    pub fn new(layout: &Layout) -> State {
+        State {
+            failed: None,
+            shutting_down: false,
+            urgent: false,
+            applier_paused: false,
+            next_sequence: 1,
+            head: 0,
+            tail: 0,
+            applied_position: 0,
+            applied_sequence: 0,
+            written_sequence: 0,
+            durable_sequence: 0,
+            flushing: false,
+            unapplied: VecDeque::new(),
+            unapplied_bytes: 0,
+            volumes: BTreeMap::new(),
+            allocator: Allocator::new(layout.chunk_count),
+            reserved_chunks: 0,
+            checksums: ChecksumTable::new(CACHE_PAGES_MAX),
+            dirty_chunks: HashSet::new(),
+        }
+    }
+
+    /// The invariants between the journal counters. Cheap; called after
+    /// every change of them.
+    pub fn validate(&self, journal_bytes: u64) {
+        assert!(self.applied_sequence <= self.durable_sequence);
+        assert!(self.durable_sequence <= self.written_sequence);
+        assert!(self.written_sequence < self.next_sequence);
+        assert!(self.tail <= self.applied_position && self.applied_position <= self.head);
+        assert!(self.head - self.tail <= journal_bytes, "journal overfull");
+        assert!(
+            self.reserved_chunks <= self.allocator.free_count(),
+            "reservations exceed free chunks"
+        );
+        if let Some(front) = self.unapplied.front() {
+            assert_eq!(front.sequence, self.applied_sequence + 1);
+            assert_eq!(front.position, self.applied_position);
+        }
+        assert_eq!(
+            self.applied_sequence + self.unapplied.len() as u64 + 1,
+            self.next_sequence
+        );
+    }
+
+    pub fn check_usable(&self) -> Result<(), TargetError> {
+        if let Some(reason) = &self.failed {
+            return Err(TargetError::Io(format!("pool is offline: {reason}")));
+        }
+        if self.shutting_down {
+            return Err(TargetError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    pub fn live_volume(&self, volume: VolumeId) -> Result<&VolumeState, TargetError> {
+        match self.volumes.get(&volume) {
+            Some(state) if !state.deleted => Ok(state),
+            _ => Err(TargetError::ShuttingDown),
+        }
+    }
+}
+
+pub struct Engine {
+    pub pool_name: PoolName,
+    pub file: File,
+    pub layout: Layout,
+    /// Ties journal records to this pool, so records left on a reused
+    /// device by an earlier pool never replay.
+    pub pool_salt: u64,
+    /// Every record written in this session carries it; see `replay`.
+    pub epoch: u64,
+    pub metadata: Metadata,
+    pub state: Mutex<State>,
+    /// Signalled on every change a waiter may want: journal space, written
+    /// and durable sequences, applied records, urgent work, shutdown.
+    pub changed: Condvar,
+    /// Serialises read-modify-write of partial blocks, so two sub-block
+    /// writes to different bytes of one block both survive.
+    pub partial_block_lock: Mutex<()>,
+    /// Serialises metadata transactions that must not interleave
+    /// (checkpoints against volume deletion).
+    pub metadata_lock: Mutex<()>,
+    /// Only one thread applies at a time: the applier, or a caller that
+    /// needs everything applied now (scan, shutdown).
+    pub apply_lock: Mutex<()>,
+    pub checksum_errors: AtomicU64,
+}
+
+impl Engine {
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed
+            .wait(guard)
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes the pool offline: from now on every request fails with EIO.
+    pub fn fail(&self, state: &mut State, reason: String) {
+        if state.failed.is_none() {
+            tracing::error!(pool = %self.pool_name, %reason, "pool taken offline");
+            state.failed = Some(reason);
+        }
+        self.changed.notify_all();
+    }
+
+    pub fn journal_physical(&self, position: u64) -> u64 {
+        self.layout.journal_offset + position % self.layout.journal_bytes
+    }
+}

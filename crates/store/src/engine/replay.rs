@@ -1,0 +1,179 @@
+//! Opening a pool: load the maps, replay the journal, checkpoint.
+//!
+//! Replay starts at the checkpoint's position and sequence and accepts a
+//! record only if its header is intact, it belongs to this pool (salt), it
+//! was written in the epoch that followed the checkpoint, its sequence is the
+//! next one, and its data matches its crc. The first record that fails ends
+//! the journal: it was torn by the crash, or never written, and so was never
+//! acknowledged as durable (a flush covers a record only after every record
+//! before it is in the file). The pool then checkpoints under a new epoch
+//! before accepting writes, so leftovers after the end can never be taken for
+//! records later.
+
+use super::{Engine, State, VolumeState};
+use crate::journal::{block_crcs, data_crc, RecordHeader, RecordKind, HEADER_BYTES};
+use crate::layout::Layout;
+use crate::metadata::{Loaded, Metadata};
+use crate::record::{Record, RecordBody};
+use crate::StoreError;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Condvar, Mutex};
+use trireme_types::VolumeId;
+
+pub fn open_engine(
+    file: File,
+    layout: Layout,
+    pool_salt: u64,
+    metadata: Metadata,
+    loaded: Loaded,
+) -> Result<Arc<Engine>, StoreError> {
+    let mut state = State::new(&layout);
+    for (id, record) in loaded.volumes {
+        state.volumes.insert(
+            id,
+            VolumeState {
+                record,
+                map: Default::default(),
+                overlay: Default::default(),
+                deleted: false,
+                checksum_errors: 0,
+            },
+        );
+    }
+    let mut orphans = std::collections::BTreeSet::new();
+    for (volume, chunk, entry) in loaded.chunks {
+        let Some(volume_state) = state.volumes.get_mut(&volume) else {
+            orphans.insert(volume);
+            continue;
+        };
+        if entry.physical as u64 >= layout.chunk_count || entry.written == 0 {
+            return Err(StoreError::Fatal(format!(
+                "chunk map of volume {volume} has an invalid entry for chunk {chunk}"
+            )));
+        }
+        if !state.allocator.mark_used(entry.physical) {
+            return Err(StoreError::Fatal(format!(
+                "physical chunk {} is mapped twice",
+                entry.physical
+            )));
+        }
+        volume_state.map.set(chunk, Some(entry));
+    }
+    for orphan in orphans {
+        tracing::warn!(
+            volume = orphan.0,
+            "removing chunk-map entries of a deleted volume"
+        );
+        metadata.remove_volume(orphan)?;
+    }
+    let checkpoint = loaded.checkpoint;
+    state.head = checkpoint.position;
+    state.tail = checkpoint.position;
+    state.applied_position = checkpoint.position;
+    state.next_sequence = checkpoint.next_sequence;
+    state.applied_sequence = checkpoint.next_sequence - 1;
+    state.written_sequence = state.applied_sequence;
+    state.durable_sequence = state.applied_sequence;
+    let engine = Arc::new(Engine {
+        pool_name: loaded.pool.name.clone(),
+        file,
+        layout,
+        pool_salt,
+        epoch: checkpoint.epoch + 1,
+        metadata,
+        state: Mutex::new(state),
+        changed: Condvar::new(),
+        partial_block_lock: Mutex::new(()),
+        metadata_lock: Mutex::new(()),
+        apply_lock: Mutex::new(()),
+        checksum_errors: AtomicU64::new(0),
+    });
+    let replayed = engine.replay(checkpoint.epoch)?;
+    engine.apply_all()?;
+    engine.checkpoint()?;
+    if replayed > 0 {
+        tracing::info!(pool = %engine.pool_name, records = replayed, "replayed the journal");
+    }
+    Ok(engine)
+}
+
+impl Engine {
+    /// Reads valid records after the checkpoint into the unapplied queue.
+    fn replay(&self, epoch: u64) -> Result<u64, StoreError> {
+        let journal_size = self.layout.journal_bytes;
+        let mut state = self.lock();
+        let mut count = 0;
+        loop {
+            let position = state.head;
+            if position - state.tail >= journal_size {
+                break;
+            }
+            let physical = self.journal_physical(position);
+            let mut header_bytes = [0u8; HEADER_BYTES as usize];
+            self.file
+                .read_exact_at(&mut header_bytes, physical)
+                .map_err(|error| StoreError::io("reading the journal", error))?;
+            let Some(header) = RecordHeader::decode(&header_bytes) else {
+                break;
+            };
+            if header.pool_salt != self.pool_salt
+                || header.epoch != epoch
+                || header.sequence != state.next_sequence
+            {
+                break;
+            }
+            let lap_left = journal_size - position % journal_size;
+            let (body, journal_bytes) = match header.kind {
+                RecordKind::Pad => (RecordBody::Pad, lap_left),
+                RecordKind::Zero if header.block_count > 0 => {
+                    (RecordBody::Zero, header.journal_bytes())
+                }
+                RecordKind::Write
+                    if header.block_count > 0 && header.journal_bytes() <= lap_left =>
+                {
+                    let mut data = vec![0u8; header.data_bytes() as usize];
+                    self.file
+                        .read_exact_at(&mut data, physical + HEADER_BYTES)
+                        .map_err(|error| StoreError::io("reading the journal", error))?;
+                    let crcs = block_crcs(&data);
+                    if data_crc(&crcs) != header.data_crc {
+                        break;
+                    }
+                    (
+                        RecordBody::Write {
+                            data,
+                            block_crcs: crcs,
+                        },
+                        header.journal_bytes(),
+                    )
+                }
+                _ => break,
+            };
+            if position + journal_bytes - state.tail > journal_size {
+                break;
+            }
+            let record = Arc::new(Record::new(
+                header.sequence,
+                position,
+                journal_bytes,
+                VolumeId(header.volume),
+                header.first_block,
+                header.block_count,
+                body,
+                0,
+            ));
+            record.mark_written();
+            state.unapplied_bytes += record.data_bytes();
+            state.unapplied.push_back(record);
+            state.head = position + journal_bytes;
+            state.next_sequence += 1;
+            state.written_sequence = header.sequence;
+            state.durable_sequence = header.sequence;
+            count += 1;
+        }
+        state.validate(journal_size);
+        Ok(count)
+    }
+}

@@ -1,0 +1,454 @@
+//! The write path: a request becomes journal records, written with one
+//! `pwritev` each and acknowledged once in the journal file; FUA and FLUSH
+//! wait for a device flush that covers them (group commit: one flush serves
+//! every record written before it started).
+
+use super::{Engine, State};
+use crate::journal::{block_crcs, record_journal_bytes, RECORD_MAX_DATA_BYTES};
+use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
+use crate::record::{Record, RecordBody};
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use trireme_types::{TargetError, VolumeId};
+
+impl Engine {
+    pub fn write(
+        &self,
+        volume: VolumeId,
+        offset: u64,
+        data: Vec<u8>,
+        fua: bool,
+    ) -> Result<(), TargetError> {
+        if data.is_empty() {
+            return if fua { self.flush() } else { Ok(()) };
+        }
+        self.check_range(volume, offset, data.len() as u64)?;
+        let aligned =
+            offset.is_multiple_of(BLOCK_BYTES) && (data.len() as u64).is_multiple_of(BLOCK_BYTES);
+        let last_sequence = if aligned {
+            self.write_blocks(volume, offset / BLOCK_BYTES, data)?
+        } else {
+            let _partial = self
+                .partial_block_lock
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let (first_block, blocks) = self.merge_partial(volume, offset, &data)?;
+            self.write_blocks(volume, first_block, blocks)?
+        };
+        if fua {
+            self.flush_to(last_sequence)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the blocks a partial write touches and lays `data` over them.
+    fn merge_partial(
+        &self,
+        volume: VolumeId,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(u64, Vec<u8>), TargetError> {
+        let first_block = offset / BLOCK_BYTES;
+        let end_block = (offset + data.len() as u64).div_ceil(BLOCK_BYTES);
+        let mut blocks = vec![0u8; ((end_block - first_block) * BLOCK_BYTES) as usize];
+        let block = BLOCK_BYTES as usize;
+        if !offset.is_multiple_of(BLOCK_BYTES) {
+            self.read(volume, first_block * BLOCK_BYTES, &mut blocks[..block])?;
+        }
+        let end = offset + data.len() as u64;
+        if !end.is_multiple_of(BLOCK_BYTES)
+            && (end_block - 1 != first_block || offset.is_multiple_of(BLOCK_BYTES))
+        {
+            let length = blocks.len();
+            self.read(
+                volume,
+                (end_block - 1) * BLOCK_BYTES,
+                &mut blocks[length - block..],
+            )?;
+        }
+        let start = (offset - first_block * BLOCK_BYTES) as usize;
+        blocks[start..start + data.len()].copy_from_slice(data);
+        Ok((first_block, blocks))
+    }
+
+    /// Writes whole blocks as one or more records; returns the last sequence.
+    fn write_blocks(
+        &self,
+        volume: VolumeId,
+        first_block: u64,
+        data: Vec<u8>,
+    ) -> Result<u64, TargetError> {
+        let pieces: Vec<Vec<u8>> = if data.len() as u64 <= RECORD_MAX_DATA_BYTES {
+            vec![data]
+        } else {
+            data.chunks(RECORD_MAX_DATA_BYTES as usize)
+                .map(<[u8]>::to_vec)
+                .collect()
+        };
+        let mut block = first_block;
+        let mut last_sequence = 0;
+        for piece in pieces {
+            let block_count = piece.len() as u64 / BLOCK_BYTES;
+            let block_crcs = block_crcs(&piece);
+            let body = RecordBody::Write {
+                data: piece,
+                block_crcs,
+            };
+            last_sequence = self.append(volume, block, block_count, body)?;
+            block += block_count;
+        }
+        Ok(last_sequence)
+    }
+
+    /// TRIM (`deallocate`) or WRITE_ZEROES: whole blocks inside the range
+    /// become a zero record, which frees chunks left with no written block.
+    /// Partial blocks at the edges are zeroed by writing (WRITE_ZEROES) or
+    /// left alone (TRIM, which promises nothing about their content).
+    pub fn zero(
+        &self,
+        volume: VolumeId,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        trim: bool,
+    ) -> Result<(), TargetError> {
+        if length == 0 {
+            return if fua { self.flush() } else { Ok(()) };
+        }
+        self.check_range(volume, offset, length)?;
+        let end = offset + length;
+        let first_whole = offset.div_ceil(BLOCK_BYTES);
+        let end_whole = end / BLOCK_BYTES;
+        let mut last_sequence = 0;
+        if !trim {
+            let head_end = end.min(first_whole * BLOCK_BYTES);
+            if head_end > offset {
+                self.write(volume, offset, vec![0; (head_end - offset) as usize], false)?;
+            }
+            let tail_start = (end_whole * BLOCK_BYTES).max(offset).max(head_end);
+            if end > tail_start {
+                self.write(
+                    volume,
+                    tail_start,
+                    vec![0; (end - tail_start) as usize],
+                    false,
+                )?;
+            }
+        }
+        if end_whole > first_whole {
+            last_sequence = self.append(
+                volume,
+                first_whole,
+                end_whole - first_whole,
+                RecordBody::Zero,
+            )?;
+        }
+        if fua {
+            match last_sequence {
+                0 => self.flush()?,
+                sequence => self.flush_to(sequence)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes zero data that stays allocated (WRITE_ZEROES with NO_HOLE).
+    pub fn zero_allocated(
+        &self,
+        volume: VolumeId,
+        offset: u64,
+        length: u64,
+        fua: bool,
+    ) -> Result<(), TargetError> {
+        self.check_range(volume, offset, length)?;
+        let mut done = 0;
+        while done < length {
+            let piece = (length - done).min(RECORD_MAX_DATA_BYTES);
+            self.write(volume, offset + done, vec![0; piece as usize], false)?;
+            done += piece;
+        }
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    pub fn check_range(
+        &self,
+        volume: VolumeId,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), TargetError> {
+        let state = self.lock();
+        state.check_usable()?;
+        let size = state.live_volume(volume)?.record.size_bytes;
+        match offset.checked_add(length) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(TargetError::Invalid(format!(
+                "range {offset}+{length} is past the end of the volume ({size} bytes)"
+            ))),
+        }
+    }
+
+    /// Admits a record: journal space, memory and chunks are reserved, the
+    /// record gets its sequence and position and shows in the overlay. Then
+    /// writes it to the journal.
+    fn append(
+        &self,
+        volume: VolumeId,
+        first_block: u64,
+        block_count: u64,
+        body: RecordBody,
+    ) -> Result<u64, TargetError> {
+        let data_bytes = match &body {
+            RecordBody::Write { data, .. } => data.len() as u64,
+            _ => 0,
+        };
+        let journal_bytes = record_journal_bytes(data_bytes);
+        let journal_size = self.layout.journal_bytes;
+        let mut state = self.lock();
+        let reserve = loop {
+            state.check_usable()?;
+            let volume_state = state.live_volume(volume)?;
+            if (first_block + block_count) * BLOCK_BYTES > volume_state.record.size_bytes {
+                return Err(TargetError::Invalid(
+                    "write past the end of the volume".into(),
+                ));
+            }
+            let lap_left = journal_size - state.head % journal_size;
+            let pad = if journal_bytes > lap_left {
+                lap_left
+            } else {
+                0
+            };
+            let journal_full = state.head + pad + journal_bytes - state.tail > journal_size;
+            let memory_full = state.unapplied_bytes > 0
+                && state.unapplied_bytes + data_bytes > super::UNAPPLIED_BYTES_MAX;
+            if journal_full || memory_full {
+                state = self.wait_for_applier(state);
+                continue;
+            }
+            let reserve = match body {
+                RecordBody::Write { .. } => {
+                    chunks_to_reserve(&state, volume, first_block, block_count)
+                }
+                _ => 0,
+            };
+            if state.allocator.free_count() - state.reserved_chunks < reserve {
+                if !state.unapplied.is_empty() {
+                    // Pending trims may free chunks, and pending writes may
+                    // hold reservations they turn out not to need.
+                    state = self.wait_for_applier(state);
+                    continue;
+                }
+                return Err(TargetError::NoSpace {
+                    pool: self.pool_name.to_string(),
+                });
+            }
+            break reserve;
+        };
+        let lap_left = journal_size - state.head % journal_size;
+        let pad = if journal_bytes > lap_left {
+            let sequence = state.next_sequence;
+            let record = Arc::new(Record::new(
+                sequence,
+                state.head,
+                lap_left,
+                volume,
+                0,
+                0,
+                RecordBody::Pad,
+                0,
+            ));
+            state.next_sequence += 1;
+            state.head += lap_left;
+            state.unapplied.push_back(record.clone());
+            Some(record)
+        } else {
+            None
+        };
+        let sequence = state.next_sequence;
+        let record = Arc::new(Record::new(
+            sequence,
+            state.head,
+            journal_bytes,
+            volume,
+            first_block,
+            block_count,
+            body,
+            reserve,
+        ));
+        state.next_sequence += 1;
+        state.head += journal_bytes;
+        state.reserved_chunks += reserve;
+        state.unapplied_bytes += data_bytes;
+        state.unapplied.push_back(record.clone());
+        state
+            .volumes
+            .get_mut(&volume)
+            .expect("checked live above")
+            .overlay
+            .insert(record.clone());
+        state.validate(journal_size);
+        drop(state);
+        if let Some(pad) = pad {
+            self.write_record(&pad)?;
+        }
+        self.write_record(&record)?;
+        Ok(sequence)
+    }
+
+    fn wait_for_applier<'a>(
+        &self,
+        mut state: std::sync::MutexGuard<'a, State>,
+    ) -> std::sync::MutexGuard<'a, State> {
+        state.urgent = true;
+        self.changed.notify_all();
+        self.wait(state)
+    }
+
+    /// Writes a record into the journal file and advances the written
+    /// sequence over every record now in the file without a gap.
+    fn write_record(&self, record: &Record) -> Result<(), TargetError> {
+        let header = record.header(self.pool_salt, self.epoch).encode();
+        let offset = self.journal_physical(record.position);
+        let result = match &record.body {
+            RecordBody::Write { data, .. } => write_vectored_at(&self.file, &header, data, offset),
+            _ => self.file.write_all_at(&header, offset),
+        };
+        let mut state = self.lock();
+        if let Err(error) = result {
+            // A hole in the journal would cut off every later record.
+            let reason = format!("journal write at byte {offset} failed: {error}");
+            self.fail(&mut state, reason.clone());
+            return Err(TargetError::Io(reason));
+        }
+        record.mark_written();
+        let front = state.applied_sequence + 1;
+        let mut advanced = false;
+        while let Some(next) = state
+            .unapplied
+            .get((state.written_sequence + 1 - front) as usize)
+        {
+            if !next.is_written() {
+                break;
+            }
+            state.written_sequence += 1;
+            advanced = true;
+        }
+        if advanced {
+            self.changed.notify_all();
+        }
+        Ok(())
+    }
+
+    /// Makes every write completed before this call durable.
+    pub fn flush(&self) -> Result<(), TargetError> {
+        let target = self.lock().next_sequence - 1;
+        self.flush_to(target)
+    }
+
+    /// Returns once every record up to `sequence` is durable. Concurrent
+    /// callers share one device flush.
+    pub fn flush_to(&self, sequence: u64) -> Result<(), TargetError> {
+        let mut state = self.lock();
+        loop {
+            if let Some(reason) = &state.failed {
+                return Err(TargetError::Io(format!("pool is offline: {reason}")));
+            }
+            if state.durable_sequence >= sequence {
+                return Ok(());
+            }
+            if state.written_sequence < sequence || state.flushing {
+                state = self.wait(state);
+                continue;
+            }
+            state.flushing = true;
+            let covered = state.written_sequence;
+            drop(state);
+            let result = self.file.sync_data();
+            state = self.lock();
+            state.flushing = false;
+            match result {
+                Ok(()) => state.durable_sequence = state.durable_sequence.max(covered),
+                Err(error) => {
+                    // After a failed fsync the kernel may have dropped dirty
+                    // pages: nothing unflushed can be trusted any more.
+                    self.fail(&mut state, format!("device flush failed: {error}"));
+                }
+            }
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// Chunks a write may have to allocate when it is applied: those not mapped
+/// now, and those a pending zero record may free before it (see
+/// `docs/store-format.md`, "Space accounting").
+fn chunks_to_reserve(state: &State, volume: VolumeId, first_block: u64, block_count: u64) -> u64 {
+    let volume_state = &state.volumes[&volume];
+    let first_chunk = first_block / BLOCKS_PER_CHUNK;
+    let end_chunk = (first_block + block_count).div_ceil(BLOCKS_PER_CHUNK);
+    (first_chunk..end_chunk)
+        .filter(|chunk| {
+            volume_state.map.get(*chunk).is_none()
+                || volume_state
+                    .overlay
+                    .has_zero_in(chunk * BLOCKS_PER_CHUNK, (chunk + 1) * BLOCKS_PER_CHUNK)
+        })
+        .count() as u64
+}
+
+/// Header and data in one system call, without copying them together.
+fn write_vectored_at(
+    file: &std::fs::File,
+    header: &[u8],
+    data: &[u8],
+    offset: u64,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let total = header.len() + data.len();
+    let mut done = 0usize;
+    while done < total {
+        let (first, second): (&[u8], &[u8]) = if done < header.len() {
+            (&header[done..], data)
+        } else {
+            (&data[done - header.len()..], &[])
+        };
+        let iovecs = [
+            libc::iovec {
+                iov_base: first.as_ptr() as *mut libc::c_void,
+                iov_len: first.len(),
+            },
+            libc::iovec {
+                iov_base: second.as_ptr() as *mut libc::c_void,
+                iov_len: second.len(),
+            },
+        ];
+        let count = if second.is_empty() { 1 } else { 2 };
+        // SAFETY: the iovecs point into live slices for the call's duration.
+        let written = unsafe {
+            libc::pwritev(
+                file.as_raw_fd(),
+                iovecs.as_ptr(),
+                count,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        if written < 0 {
+            let error = std::io::Error::last_os_error();
+            if error.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        if written == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::WriteZero,
+                "pwritev wrote nothing",
+            ));
+        }
+        done += written as usize;
+    }
+    Ok(())
+}

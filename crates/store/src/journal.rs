@@ -1,0 +1,186 @@
+//! The journal's record format.
+//!
+//! A record is a 64-byte header followed by its data, padded to a multiple
+//! of 64 bytes. Positions are logical and only grow; the byte on the device
+//! is `journal_offset + position % journal_bytes`. A record never wraps: when
+//! one would not fit before the end of the ring, a `Pad` record fills the rest
+//! and the next record starts the next lap.
+//!
+//! A record is valid only when its header crc, pool salt, epoch, sequence
+//! and data crc all match what replay expects; the first invalid record ends
+//! the journal. See `docs/store-format.md`.
+
+use crate::layout::BLOCK_BYTES;
+
+pub const HEADER_BYTES: u64 = 64;
+pub const RECORD_ALIGN: u64 = 64;
+/// Larger writes are cut into records of at most this much data, so that a
+/// record always fits the smallest journal many times over.
+pub const RECORD_MAX_DATA_BYTES: u64 = 1 << 20;
+const RECORD_MAGIC: u32 = 0x5452_4a52; // "TRJR"
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RecordKind {
+    /// `block_count` blocks of data follow the header.
+    Write = 1,
+    /// The blocks read as zeros and give their space back.
+    Zero = 2,
+    /// Fills the end of a lap; the next record starts at the next lap.
+    Pad = 3,
+}
+
+impl RecordKind {
+    fn from_byte(byte: u8) -> Option<RecordKind> {
+        match byte {
+            1 => Some(RecordKind::Write),
+            2 => Some(RecordKind::Zero),
+            3 => Some(RecordKind::Pad),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHeader {
+    pub kind: RecordKind,
+    pub pool_salt: u64,
+    pub epoch: u64,
+    pub sequence: u64,
+    pub volume: u64,
+    pub first_block: u64,
+    pub block_count: u64,
+    /// crc32c over the per-block crc32c values of the data (Write only).
+    pub data_crc: u32,
+}
+
+impl RecordHeader {
+    pub fn data_bytes(&self) -> u64 {
+        match self.kind {
+            RecordKind::Write => self.block_count * BLOCK_BYTES,
+            RecordKind::Zero | RecordKind::Pad => 0,
+        }
+    }
+
+    /// Bytes the record takes in the ring, header and padding included.
+    pub fn journal_bytes(&self) -> u64 {
+        record_journal_bytes(self.data_bytes())
+    }
+
+    pub fn encode(&self) -> [u8; HEADER_BYTES as usize] {
+        let mut bytes = [0u8; HEADER_BYTES as usize];
+        bytes[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
+        // 4..8: crc32c of the header with these bytes zero.
+        bytes[8] = self.kind as u8;
+        bytes[12..16].copy_from_slice(&self.data_crc.to_le_bytes());
+        bytes[16..24].copy_from_slice(&self.pool_salt.to_le_bytes());
+        bytes[24..32].copy_from_slice(&self.epoch.to_le_bytes());
+        bytes[32..40].copy_from_slice(&self.sequence.to_le_bytes());
+        bytes[40..48].copy_from_slice(&self.volume.to_le_bytes());
+        bytes[48..56].copy_from_slice(&self.first_block.to_le_bytes());
+        bytes[56..64].copy_from_slice(&self.block_count.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes);
+        bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    /// Decodes a header; `None` for anything that is not a whole, intact
+    /// header (torn, never written, or from another pool's past).
+    pub fn decode(bytes: &[u8]) -> Option<RecordHeader> {
+        let bytes: &[u8; HEADER_BYTES as usize] =
+            bytes.get(..HEADER_BYTES as usize)?.try_into().ok()?;
+        let u32_at =
+            |start: usize| u32::from_le_bytes(bytes[start..start + 4].try_into().expect("4"));
+        let u64_at =
+            |start: usize| u64::from_le_bytes(bytes[start..start + 8].try_into().expect("8"));
+        if u32_at(0) != RECORD_MAGIC {
+            return None;
+        }
+        let mut copy = *bytes;
+        copy[4..8].fill(0);
+        if crc32c::crc32c(&copy) != u32_at(4) {
+            return None;
+        }
+        let header = RecordHeader {
+            kind: RecordKind::from_byte(bytes[8])?,
+            data_crc: u32_at(12),
+            pool_salt: u64_at(16),
+            epoch: u64_at(24),
+            sequence: u64_at(32),
+            volume: u64_at(40),
+            first_block: u64_at(48),
+            block_count: u64_at(56),
+        };
+        if header.kind == RecordKind::Write && header.data_bytes() > RECORD_MAX_DATA_BYTES {
+            return None;
+        }
+        Some(header)
+    }
+}
+
+pub fn record_journal_bytes(data_bytes: u64) -> u64 {
+    (HEADER_BYTES + data_bytes).div_ceil(RECORD_ALIGN) * RECORD_ALIGN
+}
+
+/// The crc32c of each 4 KiB block of `data`.
+pub fn block_crcs(data: &[u8]) -> Vec<u32> {
+    debug_assert!((data.len() as u64).is_multiple_of(BLOCK_BYTES));
+    data.chunks_exact(BLOCK_BYTES as usize)
+        .map(crc32c::crc32c)
+        .collect()
+}
+
+/// The record's data crc: a crc over the block crcs, so the per-block crcs
+/// computed once on the write path also seal the journal record.
+pub fn data_crc(block_crcs: &[u32]) -> u32 {
+    let mut crc = 0;
+    for block_crc in block_crcs {
+        crc = crc32c::crc32c_append(crc, &block_crc.to_le_bytes());
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> RecordHeader {
+        RecordHeader {
+            kind: RecordKind::Write,
+            pool_salt: 7,
+            epoch: 3,
+            sequence: 99,
+            volume: 1,
+            first_block: 12,
+            block_count: 2,
+            data_crc: 0xdead_beef,
+        }
+    }
+
+    #[test]
+    fn header_round_trips() {
+        let header = header();
+        assert_eq!(RecordHeader::decode(&header.encode()), Some(header));
+        assert_eq!(header.journal_bytes(), 64 + 8192);
+    }
+
+    #[test]
+    fn any_damaged_byte_invalidates_a_header() {
+        let bytes = header().encode();
+        for index in 0..bytes.len() {
+            let mut damaged = bytes;
+            damaged[index] ^= 0x10;
+            assert_eq!(RecordHeader::decode(&damaged), None, "byte {index}");
+        }
+        assert_eq!(RecordHeader::decode(&[0u8; 64]), None);
+        assert_eq!(RecordHeader::decode(&bytes[..63]), None);
+    }
+
+    #[test]
+    fn data_crc_covers_every_block() {
+        let mut data = vec![0u8; 8192];
+        let before = data_crc(&block_crcs(&data));
+        data[5000] = 1;
+        assert_ne!(before, data_crc(&block_crcs(&data)));
+    }
+}

@@ -1,0 +1,98 @@
+//! A journal record in memory: what a write, trim or zero request became.
+
+use crate::journal::{RecordHeader, RecordKind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use trireme_types::VolumeId;
+
+pub enum RecordBody {
+    Write { data: Vec<u8>, block_crcs: Vec<u32> },
+    Zero,
+    Pad,
+}
+
+pub struct Record {
+    pub sequence: u64,
+    /// Logical journal position of the header.
+    pub position: u64,
+    /// Bytes taken in the ring: header, data and padding (a pad: the rest
+    /// of its lap).
+    pub journal_bytes: u64,
+    pub volume: VolumeId,
+    pub first_block: u64,
+    pub block_count: u64,
+    pub body: RecordBody,
+    /// Chunks set aside for this record's allocations, returned when applied.
+    pub reserved_chunks: u64,
+    /// The record is in the journal file (not yet necessarily durable).
+    written: AtomicBool,
+}
+
+impl Record {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        sequence: u64,
+        position: u64,
+        journal_bytes: u64,
+        volume: VolumeId,
+        first_block: u64,
+        block_count: u64,
+        body: RecordBody,
+        reserved_chunks: u64,
+    ) -> Record {
+        Record {
+            sequence,
+            position,
+            journal_bytes,
+            volume,
+            first_block,
+            block_count,
+            body,
+            reserved_chunks,
+            written: AtomicBool::new(false),
+        }
+    }
+
+    pub fn end_block(&self) -> u64 {
+        self.first_block + self.block_count
+    }
+
+    pub fn kind(&self) -> RecordKind {
+        match self.body {
+            RecordBody::Write { .. } => RecordKind::Write,
+            RecordBody::Zero => RecordKind::Zero,
+            RecordBody::Pad => RecordKind::Pad,
+        }
+    }
+
+    pub fn header(&self, pool_salt: u64, epoch: u64) -> RecordHeader {
+        let data_crc = match &self.body {
+            RecordBody::Write { block_crcs, .. } => crate::journal::data_crc(block_crcs),
+            _ => 0,
+        };
+        RecordHeader {
+            kind: self.kind(),
+            pool_salt,
+            epoch,
+            sequence: self.sequence,
+            volume: self.volume.0,
+            first_block: self.first_block,
+            block_count: self.block_count,
+            data_crc,
+        }
+    }
+
+    pub fn mark_written(&self) {
+        self.written.store(true, Ordering::Release);
+    }
+
+    pub fn is_written(&self) -> bool {
+        self.written.load(Ordering::Acquire)
+    }
+
+    pub fn data_bytes(&self) -> u64 {
+        match &self.body {
+            RecordBody::Write { data, .. } => data.len() as u64,
+            _ => 0,
+        }
+    }
+}

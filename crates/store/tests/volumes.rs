@@ -1,0 +1,224 @@
+//! Pools and volumes through the public API: data, holes, space, errors,
+//! restarts.
+
+mod common;
+
+use common::{name, pattern, TestPool};
+use trireme_store::{Pool, StoreError};
+use trireme_types::{BlockTarget, TargetError, ZeroFlags};
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn written_data_reads_back_and_the_rest_is_zero() {
+    let test = TestPool::create(64 * MIB);
+    test.pool.create_volume(&name("v"), 16 * MIB).unwrap();
+    let volume = test.pool.open_volume(&name("v")).unwrap();
+    let data = pattern(1, 128 * 1024);
+    volume.write(4096 * 10, data.clone(), false).unwrap();
+    let mut back = vec![0u8; data.len()];
+    volume.read(4096 * 10, &mut back).unwrap();
+    assert_eq!(back, data);
+    let mut zeros = vec![1u8; 8192];
+    volume.read(0, &mut zeros).unwrap();
+    assert!(zeros.iter().all(|byte| *byte == 0));
+    // Unaligned writes keep the bytes around them.
+    volume
+        .write(4096 * 10 + 100, vec![0xee; 5000], true)
+        .unwrap();
+    let mut back = vec![0u8; 12000];
+    volume.read(4096 * 10, &mut back).unwrap();
+    let mut expected = data[..12000].to_vec();
+    expected[100..5100].fill(0xee);
+    assert_eq!(back, expected);
+    // Once applied in place, the same bytes come from the device.
+    test.pool.sync().unwrap();
+    volume.read(4096 * 10, &mut back).unwrap();
+    assert_eq!(back, expected);
+    assert!(test.pool.scan().unwrap().is_clean());
+}
+
+#[test]
+fn trim_returns_whole_chunks_and_block_status_shows_holes() {
+    let test = TestPool::create(64 * MIB);
+    test.pool.create_volume(&name("v"), 8 * MIB).unwrap();
+    let volume = test.pool.open_volume(&name("v")).unwrap();
+    volume.write(0, pattern(2, 256 * 1024), false).unwrap();
+    test.pool.sync().unwrap();
+    assert_eq!(
+        test.pool.volume_info(&name("v")).unwrap().allocated_bytes,
+        256 * 1024
+    );
+    let status = volume.block_status(0, 8 * MIB).unwrap();
+    assert_eq!(status[0].length_bytes, 256 * 1024);
+    assert!(!status[0].hole);
+    assert!(status[1].hole && status[1].zero);
+    volume.trim(64 * 1024, 128 * 1024, false).unwrap();
+    test.pool.sync().unwrap();
+    assert_eq!(
+        test.pool.volume_info(&name("v")).unwrap().allocated_bytes,
+        128 * 1024
+    );
+    let status = volume.block_status(0, 256 * 1024).unwrap();
+    let kinds: Vec<_> = status
+        .iter()
+        .map(|e| (e.length_bytes / 1024, e.hole))
+        .collect();
+    assert_eq!(kinds, vec![(64, false), (128, true), (64, false)]);
+    let mut back = vec![1u8; 128 * 1024];
+    volume.read(64 * 1024, &mut back).unwrap();
+    assert!(back.iter().all(|byte| *byte == 0));
+    // Zeroes with NO_HOLE stay allocated; without, they are holes.
+    volume
+        .write_zeroes(
+            0,
+            64 * 1024,
+            ZeroFlags {
+                no_hole: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert!(!volume.block_status(0, 4096).unwrap()[0].hole);
+    assert!(matches!(
+        volume.write_zeroes(
+            0,
+            4096,
+            ZeroFlags {
+                no_hole: true,
+                fast_zero: true,
+                fua: false
+            }
+        ),
+        Err(TargetError::NotSupported(_))
+    ));
+    volume
+        .write_zeroes(100, 70_000, ZeroFlags::default())
+        .unwrap();
+    let mut back = vec![1u8; 70_000];
+    volume.read(100, &mut back).unwrap();
+    assert!(back.iter().all(|byte| *byte == 0));
+    assert!(test.pool.scan().unwrap().is_clean());
+}
+
+#[test]
+fn a_full_pool_answers_enospc_and_recovers_after_trim() {
+    let test = TestPool::create(16 * MIB);
+    let capacity = test.pool.info().capacity_bytes;
+    test.pool.create_volume(&name("big"), 64 * MIB).unwrap();
+    assert!(
+        test.pool.info().provisioned_bytes > capacity,
+        "over-commit is allowed"
+    );
+    let volume = test.pool.open_volume(&name("big")).unwrap();
+    let mut written = 0;
+    let error = loop {
+        match volume.write(written, vec![7u8; MIB as usize], false) {
+            Ok(()) => written += MIB,
+            Err(error) => break error,
+        }
+        assert!(written <= capacity, "wrote past capacity");
+    };
+    assert!(matches!(error, TargetError::NoSpace { .. }), "{error:?}");
+    // Overwriting allocated data still works in a full pool.
+    volume.write(0, vec![8u8; 4096], true).unwrap();
+    volume.trim(0, written, false).unwrap();
+    volume.write(0, vec![9u8; MIB as usize], true).unwrap();
+    let report = test.pool.scan().unwrap();
+    assert!(report.is_clean(), "{report:?}");
+}
+
+#[test]
+fn volumes_and_data_survive_a_restart() {
+    let test = TestPool::create(64 * MIB);
+    test.pool.create_volume(&name("keep"), 4 * MIB).unwrap();
+    let volume = test.pool.open_volume(&name("keep")).unwrap();
+    volume.write(8192, pattern(3, 65536), false).unwrap();
+    drop(volume);
+    let test = test.reopen();
+    let volume = test.pool.open_volume(&name("keep")).unwrap();
+    let mut back = vec![0u8; 65536];
+    volume.read(8192, &mut back).unwrap();
+    assert_eq!(back, pattern(3, 65536));
+    let info = test.pool.grow_volume(&name("keep"), 8 * MIB).unwrap();
+    assert_eq!(info.size_bytes, 8 * MIB);
+    drop(volume);
+    let test = test.reopen();
+    assert_eq!(
+        test.pool.volume_info(&name("keep")).unwrap().size_bytes,
+        8 * MIB
+    );
+}
+
+#[test]
+fn bad_requests_get_clear_errors() {
+    let test = TestPool::create(32 * MIB);
+    let pool = &test.pool;
+    assert!(matches!(
+        pool.create_volume(&name("a"), 0),
+        Err(StoreError::SizeZero)
+    ));
+    assert!(matches!(
+        pool.create_volume(&name("a"), 1000),
+        Err(StoreError::SizeUnaligned(1000))
+    ));
+    assert!(matches!(
+        pool.create_volume(&name("a"), u64::MAX),
+        Err(StoreError::SizeTooLarge { .. })
+    ));
+    pool.create_volume(&name("a"), 4 * MIB).unwrap();
+    assert!(matches!(
+        pool.create_volume(&name("a"), 4 * MIB),
+        Err(StoreError::VolumeExists(_))
+    ));
+    assert!(matches!(
+        pool.open_volume(&name("nope")),
+        Err(StoreError::VolumeNotFound(_))
+    ));
+    assert!(matches!(
+        pool.grow_volume(&name("a"), MIB),
+        Err(StoreError::ShrinkRefused { .. })
+    ));
+    let volume = pool.open_volume(&name("a")).unwrap();
+    assert!(matches!(
+        volume.write(4 * MIB, vec![0; 4096], false),
+        Err(TargetError::Invalid(_))
+    ));
+    assert!(matches!(
+        volume.read(u64::MAX - 10, &mut [0; 100]),
+        Err(TargetError::Invalid(_))
+    ));
+    pool.delete_volume(&name("a")).unwrap();
+    assert!(matches!(
+        volume.write(0, vec![0; 4096], false),
+        Err(TargetError::ShuttingDown)
+    ));
+    assert!(matches!(
+        pool.delete_volume(&name("a")),
+        Err(StoreError::VolumeNotFound(_))
+    ));
+    let message = StoreError::SizeUnaligned(1000).to_string();
+    assert!(message.contains("multiple of 4096"), "{message}");
+}
+
+#[test]
+fn deleting_a_volume_returns_its_space_and_a_pool_refuses_a_second_create() {
+    let test = TestPool::create(32 * MIB);
+    test.pool.create_volume(&name("gone"), 8 * MIB).unwrap();
+    let volume = test.pool.open_volume(&name("gone")).unwrap();
+    volume.write(0, vec![1; 2 * MIB as usize], false).unwrap();
+    test.pool.sync().unwrap();
+    assert_eq!(test.pool.info().allocated_bytes, 2 * MIB);
+    test.pool.delete_volume(&name("gone")).unwrap();
+    assert_eq!(test.pool.info().allocated_bytes, 0);
+    drop(volume);
+    let test = test.reopen();
+    assert_eq!(test.pool.info().allocated_bytes, 0);
+    assert!(test.pool.volumes().is_empty());
+    assert!(test.pool.scan().unwrap().is_clean());
+    let again = Pool::create(common::config(test.dir.path(), 32 * MIB));
+    assert!(
+        again.is_err(),
+        "a second pool over the first must be refused"
+    );
+}
