@@ -182,11 +182,11 @@ for target in $TARGETS; do
         tpid=$!
         pids_to_kill+=("$tpid")
         for _ in $(seq 1 600); do
-            grep -qi ready "$SCRATCH/trireme.log" && break
+            grep -qiw ready "$SCRATCH/trireme.log" && break
             kill -0 $tpid 2>/dev/null || { cat "$SCRATCH/trireme.log" >&2; die "trireme exited"; }
             sleep 0.1
         done
-        grep -qi ready "$SCRATCH/trireme.log" || die "trireme not ready after 60 s"
+        grep -qiw ready "$SCRATCH/trireme.log" || die "trireme not ready after 60 s"
         api=(--api "http://127.0.0.1:$api_port")
         "$bin" "${api[@]}" pool create bench --path "$SCRATCH/trireme-pool.img" \
             --size "$pool_bytes" --class ssd >&2 || die "pool create failed"

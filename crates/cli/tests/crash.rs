@@ -1,9 +1,11 @@
-//! Crash durability: a checker writes self-describing 4 KiB blocks over
-//! several NBD connections, records exactly which writes were acknowledged as
-//! durable (FUA, or acknowledged before an acknowledged FLUSH), and the node
-//! is SIGKILLed mid-load after a random delay. After a restart every block
-//! must hold its latest durable generation or a later one the checker sent,
-//! whole (never torn), and `pool scan` must be clean.
+//! Crash durability: a checker writes self-describing 4 KiB blocks (single
+//! and multi-block writes, and WRITE_ZEROES) over several NBD connections,
+//! records exactly which writes were acknowledged as durable (FUA, or
+//! acknowledged before an acknowledged FLUSH on the same connection), and the
+//! node is SIGKILLed mid-load after a random delay. After a restart every
+//! block must hold its latest durable content or a later one the checker
+//! sent, whole (never torn within a 4 KiB block), and `pool scan` must be
+//! clean. Three crash cycles, then a clean stop and start.
 
 mod common;
 
@@ -20,11 +22,12 @@ const CYCLES: u64 = 3;
 
 #[derive(Clone, Debug, Default)]
 struct BlockModel {
-    /// Generations sent for this block since the last verified baseline, in
-    /// order (the baseline itself first).
+    /// Contents sent for this block since the last verified baseline, in
+    /// order: a generation, or 0 for zeroes (WRITE_ZEROES). The baseline
+    /// itself is first.
     sent: Vec<u64>,
-    /// Latest generation known durable (0 = zeroes / never written).
-    durable: u64,
+    /// Index in `sent` of the latest content known durable.
+    durable: usize,
 }
 
 struct LoadStats {
@@ -35,14 +38,20 @@ struct LoadStats {
     end: String,
 }
 
-fn load(
+struct Load {
     port: u16,
-    vol: &str,
-    t: u64,
+    lo: u64,
+    hi: u64,
     cycle: u64,
+    seed: u64,
+}
+
+/// One thread's load on its own range of blocks [lo, hi): single-block and
+/// multi-block writes and WRITE_ZEROES, half with FUA, a FLUSH every 8 ops.
+fn load(
+    p: Load,
     mut model: HashMap<u64, BlockModel>,
     stop: Arc<AtomicBool>,
-    seed: u64,
 ) -> (HashMap<u64, BlockModel>, LoadStats) {
     let mut st = LoadStats {
         writes_sent: 0,
@@ -51,34 +60,59 @@ fn load(
         flushes: 0,
         end: String::new(),
     };
-    let mut c = match NbdClient::connect(port, vol) {
+    let mut c = match NbdClient::connect(p.port, "crash") {
         Ok(c) => c,
         Err(e) => {
             st.end = format!("connect failed: {e}");
             return (model, st);
         }
     };
-    let mut rng = Rng::new(seed);
-    let owned: Vec<u64> = (0..BLOCKS).filter(|b| b % THREADS == t).collect();
-    let mut pending: Vec<(u64, u64)> = Vec::new();
+    let mut rng = Rng::new(p.seed);
+    // (block, index in sent) acknowledged but not yet durable.
+    let mut pending: Vec<(u64, usize)> = Vec::new();
+    let mut pending_ops = 0u64;
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut i: u64 = 0;
     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-        let b = owned[rng.below(owned.len() as u64) as usize];
         i += 1;
-        let gen = (cycle + 1) * 10_000_000 + i;
+        let kind = rng.below(10);
+        let n = if kind < 6 { 1 } else { 2 + rng.below(15) };
+        let first = p.lo + rng.below(p.hi - p.lo - n + 1);
+        let zeroes = kind == 9;
         let fua = rng.below(2) == 0;
-        model.get_mut(&b).unwrap().sent.push(gen);
+        let mut data = Vec::with_capacity((n * 4096) as usize);
+        let mut idx = Vec::with_capacity(n as usize);
+        for b in first..first + n {
+            let gen = if zeroes {
+                0
+            } else {
+                (p.cycle + 1) * 100_000_000 + i * 16 + (b - first)
+            };
+            if !zeroes {
+                data.extend_from_slice(&pattern(b, gen));
+            }
+            let m = model.get_mut(&b).unwrap();
+            m.sent.push(gen);
+            idx.push((b, m.sent.len() - 1));
+        }
         st.writes_sent += 1;
-        match c.write(b * 4096, &pattern(b, gen), fua) {
+        let r = if zeroes {
+            c.write_zeroes(first * 4096, (n * 4096) as u32, fua)
+        } else {
+            c.write(first * 4096, &data, fua)
+        };
+        match r {
             Ok(()) => {
                 st.writes_acked += 1;
                 if fua {
-                    let m = model.get_mut(&b).unwrap();
-                    m.durable = m.durable.max(gen);
+                    for (b, k) in idx {
+                        let m = model.get_mut(&b).unwrap();
+                        m.durable = m.durable.max(k);
+                    }
                     st.durable += 1;
                 } else {
-                    pending.push((b, gen));
+                    pending.extend(idx);
+                    pending_ops += 1;
                 }
             }
             Err(e) => {
@@ -86,14 +120,14 @@ fn load(
                 break;
             }
         }
-        if i.is_multiple_of(8) {
+        if i % 8 == 0 {
             match c.flush() {
                 Ok(()) => {
                     st.flushes += 1;
-                    for (b, g) in pending.drain(..) {
+                    st.durable += std::mem::take(&mut pending_ops);
+                    for (b, k) in pending.drain(..) {
                         let m = model.get_mut(&b).unwrap();
-                        m.durable = m.durable.max(g);
-                        st.durable += 1;
+                        m.durable = m.durable.max(k);
                     }
                 }
                 Err(e) => {
@@ -109,14 +143,14 @@ fn load(
     (model, st)
 }
 
+fn tail(v: &[u64]) -> &[u64] {
+    &v[v.len().saturating_sub(6)..]
+}
+
 /// Read every block back and check it against the model; returns the new
-/// baseline (each block's observed generation).
-fn verify(
-    node: &TestNode,
-    vol: &str,
-    model: &HashMap<u64, BlockModel>,
-) -> HashMap<u64, BlockModel> {
-    let mut c = NbdClient::connect(node.nbd_port, vol).expect("connect after restart");
+/// baseline (each block's observed content).
+fn verify(node: &TestNode, model: &HashMap<u64, BlockModel>) -> HashMap<u64, BlockModel> {
+    let mut c = NbdClient::connect(node.nbd_port, "crash").expect("connect after restart");
     let mut bad = Vec::new();
     let mut next = HashMap::new();
     for b in 0..BLOCKS {
@@ -131,33 +165,27 @@ fn verify(
         let g = match decode(&buf) {
             None => {
                 bad.push(format!(
-                    "block {b}: torn or garbage content (first bytes {:?}); model durable {} sent {:?}",
+                    "block {b}: torn or garbage content (first bytes {:?}); latest durable {} sent {:?}",
                     &buf[..24],
-                    m.durable,
+                    m.sent[m.durable],
                     tail(&m.sent)
                 ));
                 continue;
             }
             Some((_, 0)) => 0,
-            Some((bb, g)) => {
-                if bb != b {
-                    bad.push(format!(
-                        "block {b}: holds block {bb}'s data (gen {g}), misdirected write"
-                    ));
-                    continue;
-                }
-                g
+            Some((bb, g)) if bb != b => {
+                bad.push(format!(
+                    "block {b}: holds block {bb}'s data (gen {g}): misdirected write"
+                ));
+                continue;
             }
+            Some((_, g)) => g,
         };
-        let ok = if g == 0 {
-            m.durable == 0
-        } else {
-            g >= m.durable && m.sent.contains(&g)
-        };
-        if !ok {
+        // Allowed: the latest durable content or anything sent after it.
+        if !m.sent[m.durable..].contains(&g) {
             bad.push(format!(
-                "block {b}: reads generation {g}, but latest durable is {} (sent, newest last: {:?})",
-                m.durable,
+                "block {b}: reads generation {g} (0 = zeroes), but the latest durable is {} (sent, newest last: {:?})",
+                m.sent[m.durable],
                 tail(&m.sent)
             ));
         }
@@ -165,7 +193,7 @@ fn verify(
             b,
             BlockModel {
                 sent: vec![g],
-                durable: g,
+                durable: 0,
             },
         );
     }
@@ -176,10 +204,6 @@ fn verify(
         bad.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
     );
     next
-}
-
-fn tail(v: &[u64]) -> &[u64] {
-    &v[v.len().saturating_sub(6)..]
 }
 
 #[test]
@@ -198,22 +222,27 @@ fn kill9_mid_load_keeps_every_durable_write() {
             )
         })
         .collect();
+    let per = BLOCKS / THREADS;
 
     for cycle in 0..CYCLES {
         let stop = Arc::new(AtomicBool::new(false));
         let mut handles = Vec::new();
         for t in 0..THREADS {
+            let (lo, hi) = (t * per, (t + 1) * per);
             let part: HashMap<u64, BlockModel> = model
                 .iter()
-                .filter(|(b, _)| *b % THREADS == t)
+                .filter(|(b, _)| (lo..hi).contains(*b))
                 .map(|(b, m)| (*b, m.clone()))
                 .collect();
             let stop = stop.clone();
-            let port = node.nbd_port;
-            let seed = rng.next_u64();
-            handles.push(std::thread::spawn(move || {
-                load(port, "crash", t, cycle, part, stop, seed)
-            }));
+            let p = Load {
+                port: node.nbd_port,
+                lo,
+                hi,
+                cycle,
+                seed: rng.next_u64(),
+            };
+            handles.push(std::thread::spawn(move || load(p, part, stop)));
         }
         let delay = Duration::from_millis(300 + rng.below(1200));
         std::thread::sleep(delay);
@@ -242,15 +271,15 @@ fn kill9_mid_load_keeps_every_durable_write() {
         );
 
         node.restart();
-        model = verify(&node, "crash", &model);
+        model = verify(&node, &model);
         node.assert_scan_clean("default");
         node.assert_healthy();
     }
     // After the last crash, a clean stop and start changes nothing.
     node.stop();
     node.restart();
-    model = verify(&node, "crash", &model);
+    model = verify(&node, &model);
     node.assert_scan_clean("default");
-    let written = model.values().filter(|m| m.durable > 0).count();
+    let written = model.values().filter(|m| m.sent[0] != 0).count();
     eprintln!("{written} of {BLOCKS} blocks hold data at the end");
 }

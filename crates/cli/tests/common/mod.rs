@@ -343,6 +343,13 @@ pub fn http_raw(
     (status, body)
 }
 
+/// A line announcing readiness: the word "ready" on its own (not "already").
+pub fn is_ready_line(line: &str) -> bool {
+    line.to_lowercase()
+        .split(|c: char| !c.is_alphanumeric())
+        .any(|w| w == "ready")
+}
+
 /// One `trireme node run` process.
 pub struct TestNode {
     pub dir: TempDir,
@@ -429,7 +436,7 @@ impl TestNode {
                 if let Some(l) = log.as_mut() {
                     let _ = writeln!(l, "[stdout] {line}");
                 }
-                if !sent && line.to_lowercase().contains("ready") {
+                if !sent && is_ready_line(&line) {
                     let _ = tx.send(());
                     sent = true;
                 }
@@ -580,8 +587,20 @@ impl TestNode {
     }
 
     /// `pool scan NAME` as JSON.
+    /// The CLI exits non-zero when the pool is not clean, still printing the
+    /// report; so any exit is accepted as long as stdout is the JSON report.
     pub fn scan(&self, pool: &str) -> serde_json::Value {
-        self.cli_json(&["pool", "scan", pool])
+        let mut c = self.cli_cmd(&["pool", "scan", pool]);
+        let what = render(&c);
+        let out = exec(&mut c, Duration::from_secs(300));
+        match serde_json::from_str::<serde_json::Value>(&out.stdout) {
+            Ok(v) if !out.timed_out && v.is_object() => v,
+            _ => panic!(
+                "pool scan gave no JSON report\n{}\n--- node log ---\n{}",
+                out.describe(&what),
+                self.log_tail()
+            ),
+        }
     }
 
     /// Assert a scan is clean: accounting matches, no mismatch, no problem.
@@ -604,6 +623,9 @@ impl TestNode {
             .map(|a| a.len())
             .unwrap_or(usize::MAX);
         assert_eq!(probs, 0, "scan problems: {r}");
+        if let Some(clean) = r.get("clean") {
+            assert_eq!(clean, true, "scan says not clean: {r}");
+        }
     }
 }
 
