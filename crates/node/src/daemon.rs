@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use trireme_types::{format_size, VolumeName};
 
 use crate::api::{self, Addresses, ApiState};
-use crate::nbd::{self, NbdListen, NodeExports};
+use crate::nbd::{NbdConfig, NbdServer, NodeExports};
 use crate::node::DEFAULT_POOL_NAME;
 use crate::{Node, NodeError};
 
@@ -45,7 +45,21 @@ pub struct DaemonConfig {
 /// Runs the node until SIGTERM or SIGINT.
 pub async fn run(config: DaemonConfig) -> Result<(), NodeError> {
     let node = Arc::new(start_node(&config).await?);
+    let result = serve(&config, node.clone()).await;
+    // Also after a failed start (e.g. a port in use): the pools were opened
+    // and maybe created, and their journals should be applied.
+    let node_for_shutdown = node.clone();
+    tokio::task::spawn_blocking(move || node_for_shutdown.shutdown())
+        .await
+        .map_err(|error| NodeError::Internal(format!("pool shutdown failed: {error}")))?;
+    if result.is_ok() {
+        println!("trireme node stopped");
+    }
+    result
+}
 
+/// Steps 4 and 5 of start-up, then serving until a signal.
+async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> {
     let api_listener = tokio::net::TcpListener::bind(config.api_listen)
         .await
         .map_err(|error| {
@@ -61,20 +75,23 @@ pub async fn run(config: DaemonConfig) -> Result<(), NodeError> {
         .nbd_socket
         .clone()
         .unwrap_or_else(|| config.data_dir.join(DEFAULT_NBD_SOCKET_FILE));
-    let listen = NbdListen {
-        tcp: Some(config.nbd_listen),
+    let nbd_config = NbdConfig {
+        tcp_listen: Some(config.nbd_listen),
         unix_socket: Some(nbd_socket),
     };
-    let nbd_server = nbd::bind(listen, NodeExports::new(node.clone())).await?;
+    let nbd_server = NbdServer::bind(&nbd_config, Arc::new(NodeExports::new(node.clone())))
+        .await
+        .map_err(|error| NodeError::Nbd(error_chain(&error)))?;
+    let nbd_tcp = nbd_server.tcp_local_addr();
     let addresses = Addresses {
         api: api_address.to_string(),
-        nbd_tcp: nbd_server.tcp.map(|address| address.to_string()),
-        nbd_url_base: nbd_server.tcp.map(client_address),
+        nbd_tcp: nbd_tcp.map(|address| address.to_string()),
+        nbd_url_base: nbd_tcp.map(client_address),
         nbd_unix: nbd_server
-            .unix_socket
-            .as_ref()
+            .unix_socket_path()
             .map(|path| path.display().to_string()),
     };
+    let nbd_socket_path = nbd_server.unix_socket_path().map(|path| path.to_path_buf());
 
     if config.demo {
         print_demo_help(&addresses);
@@ -120,11 +137,10 @@ pub async fn run(config: DaemonConfig) -> Result<(), NodeError> {
         api_task.abort();
         nbd_task.abort();
     }
-    let node_for_shutdown = node.clone();
-    tokio::task::spawn_blocking(move || node_for_shutdown.shutdown())
-        .await
-        .map_err(|error| NodeError::Internal(format!("pool shutdown failed: {error}")))?;
-    println!("trireme node stopped");
+    if let Some(path) = nbd_socket_path {
+        // Only our own socket: nobody else listens on it any more.
+        let _ = std::fs::remove_file(path);
+    }
     Ok(())
 }
 
@@ -192,6 +208,17 @@ fn print_demo_help(addresses: &Addresses) {
     if let Some(socket) = &addresses.nbd_unix {
         println!("       nbdinfo 'nbd+unix:///{DEMO_VOLUME_NAME}?socket={socket}'");
     }
+}
+
+/// `outer: inner: ...`, so the OS reason (e.g. "Address in use") is shown.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
 }
 
 /// The address a local client dials: a wildcard bind is reached on loopback.

@@ -39,6 +39,9 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
+    /// The NBD server could not listen (address in use, bad socket path).
+    #[error("cannot start the NBD server: {0}")]
+    Nbd(String),
     #[error("the node is shutting down")]
     ShuttingDown,
     #[error("internal error: {0}")]

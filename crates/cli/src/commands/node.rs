@@ -45,6 +45,7 @@ fn run_daemon(arguments: RunArgs) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let config = DaemonConfig {
         data_dir: arguments.data_dir,

@@ -66,6 +66,7 @@ impl From<NodeError> for ApiError {
                 (StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage")
             }
             NodeError::Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "io_error"),
+            NodeError::Nbd(_) => (StatusCode::INTERNAL_SERVER_ERROR, "nbd_error"),
             NodeError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             NodeError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };

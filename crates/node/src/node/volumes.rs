@@ -102,6 +102,13 @@ impl Node {
         Ok(volumes)
     }
 
+    /// The already opened handle of volume `name`, if any. Never blocks on
+    /// the disk.
+    pub fn cached_volume(&self, name: &str) -> Option<Arc<Volume>> {
+        let name = VolumeName::new(name).ok()?;
+        self.lock_opened().get(&name).cloned()
+    }
+
     /// The handle the NBD server serves for export `name`, opened once and
     /// cached. `None` when no such volume exists (or the name is invalid).
     pub fn open_volume(&self, name: &str) -> Option<Arc<Volume>> {
