@@ -53,7 +53,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), NodeError> {
         .await
         .map_err(|error| NodeError::Internal(format!("pool shutdown failed: {error}")))?;
     if result.is_ok() {
-        println!("trireme node stopped");
+        // Whoever started the node may have closed our stdout by now.
+        let _ = writeln!(std::io::stdout(), "trireme node stopped");
     }
     result
 }

@@ -26,9 +26,12 @@ pub fn volume_size(size_bytes: u64) -> Result<u64, NodeError> {
         ));
     }
     if !size_bytes.is_multiple_of(BLOCK_SIZE) {
+        let advice = match size_bytes.div_ceil(BLOCK_SIZE).checked_mul(BLOCK_SIZE) {
+            Some(rounded_up) => format!("round it up to {rounded_up}"),
+            None => format!("round it down to {}", size_bytes / BLOCK_SIZE * BLOCK_SIZE),
+        };
         return Err(NodeError::InvalidSize(format!(
-            "size_bytes {size_bytes} is not a multiple of {BLOCK_SIZE} (4 KiB): round it up to {}",
-            size_bytes.div_ceil(BLOCK_SIZE).saturating_mul(BLOCK_SIZE)
+            "size_bytes {size_bytes} is not a multiple of {BLOCK_SIZE} (4 KiB): {advice}"
         )));
     }
     Ok(size_bytes)
