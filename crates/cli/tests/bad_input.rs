@@ -332,6 +332,24 @@ fn full_pool_gives_enospc_and_recovers_after_trim() {
             "chunk {i} lost on a full pool"
         );
     }
+    // Overwrites of allocated chunks need no space: still accepted.
+    c.write(0, &vec![1u8; chunk as usize], true)
+        .expect("overwrite of an allocated chunk on a full pool");
+    // qemu-io sees ENOSPC as "No space left on device" too.
+    if have_tool("qemu-io") {
+        let off = (written + 1) * chunk;
+        let w = format!("write -P 0x42 {off} 65536");
+        let out = exec(
+            &mut qemu_io(&node.uri("over"), &[&w]),
+            std::time::Duration::from_secs(60),
+        );
+        assert!(
+            out.stdout.contains("No space left on device")
+                || out.stderr.contains("No space left on device"),
+            "qemu-io should report ENOSPC: {}",
+            out.describe(&w)
+        );
+    }
     // Other pools still take writes.
     let mut ok = NbdClient::connect(node.nbd_port, "ok").unwrap();
     ok.write(8192, &[1u8; 4096], true)

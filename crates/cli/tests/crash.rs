@@ -120,7 +120,7 @@ fn load(
                 break;
             }
         }
-        if i % 8 == 0 {
+        if i.is_multiple_of(8) {
             match c.flush() {
                 Ok(()) => {
                     st.flushes += 1;
