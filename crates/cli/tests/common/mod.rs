@@ -449,6 +449,12 @@ impl TestNode {
                 let status = self.child.as_mut().unwrap().try_wait().ok().flatten();
                 let log = self.log_tail();
                 self.kill9();
+                // Another test may have taken a port between free_port() and
+                // the bind: try again with new ports, a few times.
+                if status.is_some() && log.contains("in use") && self.starts < 20 {
+                    eprintln!("node start: port taken, retrying with new ports");
+                    return self.launch();
+                }
                 panic!(
                     "node did not print \"ready\" within {READY_TIMEOUT:?} (exit: {status:?})\ncommand: {what}\n--- node log ---\n{log}"
                 );
