@@ -1,7 +1,7 @@
 //! One client connection: handshake, then the transmission phase.
 //!
 //! ```text
-//!  socket ─► reader (this task): decode ─► validate ─► permits ─► spawn_blocking(dispatch)
+//!  socket ─► reader (this task): decode ─► validate ─► permits ─► try inline, else spawn_blocking(dispatch)
 //!                                                                        │ reply
 //!  socket ◄─ writer task ◄──────────── unbounded channel ◄───────────────┘
 //! ```
@@ -226,6 +226,16 @@ impl Session {
         };
         let Some(permits) = self.permits(payload_bytes).await else {
             return;
+        };
+        // Plain writes and cached reads complete right here, without a
+        // trip to a blocking thread and back.
+        let request = match dispatch::try_inline(&self.context, request) {
+            Ok(mut outgoing) => {
+                outgoing.permits = Some(permits);
+                let _ = self.replies.send(outgoing);
+                return;
+            }
+            Err(request) => request,
         };
         let context = self.context.clone();
         let replies = self.replies.clone();

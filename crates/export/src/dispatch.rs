@@ -9,7 +9,7 @@ use tracing::{error, warn};
 use trireme_proto::nbd::constants::{STATE_HOLE, STATE_ZERO};
 use trireme_proto::nbd::reply::{self, descriptors_from_extents};
 use trireme_proto::nbd::{ErrorCode, Request, RequestKind};
-use trireme_types::{BlockTarget, TargetError, ZeroFlags};
+use trireme_types::{Attempt, BlockTarget, TargetError, ZeroFlags};
 
 /// Read buffers kept per connection for reuse.
 const MAX_POOLED_READ_BUFFERS: usize = 8;
@@ -98,6 +98,86 @@ pub(crate) fn execute(context: &ReplyContext, request: Request) -> Outgoing {
             error_reply(context, cookie, ErrorCode::Io, "internal error")
         }
     }
+}
+
+/// Runs a plain write or a read on the calling (network) thread when the
+/// target can do it without blocking; otherwise hands the request back.
+pub(crate) fn try_inline(context: &ReplyContext, request: Request) -> Result<Outgoing, Request> {
+    let cookie = request.cookie;
+    let fua = request.fua();
+    let flags = request.flags;
+    match request.kind {
+        RequestKind::Write { offset, data } if !fua && !data.is_empty() => {
+            match context.target.try_write(offset, data) {
+                Attempt::Done(result) => Ok(finish(
+                    context,
+                    cookie,
+                    "write",
+                    result.map(|()| {
+                        let mut outgoing = Outgoing::default();
+                        reply::simple_reply(&mut outgoing.header, cookie, None);
+                        outgoing
+                    }),
+                )),
+                Attempt::WouldBlock(data) => Err(Request {
+                    cookie,
+                    flags,
+                    kind: RequestKind::Write { offset, data },
+                }),
+            }
+        }
+        RequestKind::Read { offset, length } if length > 0 => {
+            let mut buffer = context.buffers.take(length as usize);
+            match context.target.try_read(offset, &mut buffer) {
+                Some(result) => Ok(finish(
+                    context,
+                    cookie,
+                    "read",
+                    result.map(|()| {
+                        let mut outgoing = Outgoing::default();
+                        if context.structured_replies {
+                            reply::offset_data_header(
+                                &mut outgoing.header,
+                                cookie,
+                                offset,
+                                length,
+                                true,
+                            );
+                        } else {
+                            reply::simple_reply(&mut outgoing.header, cookie, None);
+                        }
+                        outgoing.data = Some(buffer);
+                        outgoing
+                    }),
+                )),
+                None => {
+                    context.buffers.put(buffer);
+                    Err(Request {
+                        cookie,
+                        flags,
+                        kind: RequestKind::Read { offset, length },
+                    })
+                }
+            }
+        }
+        kind => Err(Request {
+            cookie,
+            flags,
+            kind,
+        }),
+    }
+}
+
+fn finish(
+    context: &ReplyContext,
+    cookie: u64,
+    command: &'static str,
+    result: Result<Outgoing, TargetError>,
+) -> Outgoing {
+    result.unwrap_or_else(|target_error| {
+        warn!(export = %context.export_name, cookie, command, error = %target_error, "NBD request failed");
+        error_reply(context, cookie, error_code(&target_error), &target_error.to_string())
+    })
 }
 
 fn run(context: &ReplyContext, request: Request) -> Result<Outgoing, TargetError> {

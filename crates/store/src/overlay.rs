@@ -107,9 +107,17 @@ impl Overlay {
     /// True if a pending zero/trim record still shows in `[first, end)`:
     /// applying it may free a chunk that a later write then needs again.
     pub fn has_zero_in(&self, first: u64, end: u64) -> bool {
-        self.lookup(first, end).iter().any(|segment| {
-            matches!(&segment.record, Some(record) if matches!(record.body, crate::record::RecordBody::Zero))
-        })
+        let before = self.pieces.range(..first).next_back();
+        let overlapping = before
+            .filter(|(_, piece)| piece.end > first)
+            .into_iter()
+            .chain(self.pieces.range(first..end));
+        for (_, piece) in overlapping {
+            if matches!(piece.record.body, crate::record::RecordBody::Zero) {
+                return true;
+            }
+        }
+        false
     }
 }
 

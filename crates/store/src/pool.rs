@@ -1,6 +1,6 @@
 //! [`Pool`]: create, open and manage a storage pool and its volumes.
 
-use crate::engine::{open_engine, run_applier, Engine, VolumeState};
+use crate::engine::{open_engine, run_applier, run_journal_writer, Engine, VolumeState};
 use crate::layout::{Layout, Superblock, CHUNK_BYTES, SUPERBLOCK_BYTES};
 use crate::metadata::{Metadata, PoolRecord, VolumeRecord};
 use crate::{StoreError, Volume};
@@ -90,7 +90,8 @@ impl ScanReport {
 pub struct Pool {
     engine: Arc<Engine>,
     record: PoolRecord,
-    applier: Mutex<Option<JoinHandle<()>>>,
+    /// The applier and the journal writer, joined at shutdown.
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Pool {
@@ -107,18 +108,20 @@ impl Pool {
         let is_file = !file_is_block_device(&file);
         if is_file {
             // The journal and checksums must never meet a full host file
-            // system; the data region is reserved only when asked.
-            let reserve = if config.preallocate {
-                device_bytes
-            } else {
-                layout.data_offset
-            };
-            allocate_space(&file, reserve).map_err(|error| {
+            // system, and are written with zeros rather than fallocated:
+            // overwriting fallocated (unwritten) extents makes every first
+            // write a metadata change, which each flush would then commit.
+            // The data region is reserved only when asked.
+            let reserving = |error| {
                 cleanup(StoreError::io(
                     format!("reserving space in {}", path.display()),
                     error,
                 ))
-            })?;
+            };
+            fill_zeros(&file, layout.data_offset).map_err(reserving)?;
+            if config.preallocate {
+                allocate_space(&file, device_bytes).map_err(reserving)?;
+            }
         }
         let superblock = Superblock {
             pool_uuid: random_u128(),
@@ -195,15 +198,22 @@ impl Pool {
         let record = loaded.pool.clone();
         let salt = (superblock.pool_uuid as u64) ^ ((superblock.pool_uuid >> 64) as u64);
         let engine = open_engine(file, superblock.layout, salt, metadata, loaded)?;
-        let applier_engine = engine.clone();
-        let applier = std::thread::Builder::new()
-            .name(format!("apply-{}", record.name))
-            .spawn(move || run_applier(applier_engine))
-            .map_err(|error| StoreError::io("starting the applier thread", error))?;
+        let mut threads = Vec::new();
+        for (role, body) in [
+            ("apply", run_applier as fn(Arc<Engine>)),
+            ("journal", run_journal_writer as fn(Arc<Engine>)),
+        ] {
+            let thread_engine = engine.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("{role}-{}", record.name))
+                .spawn(move || body(thread_engine))
+                .map_err(|error| StoreError::io(format!("starting the {role} thread"), error))?;
+            threads.push(handle);
+        }
         Ok(Arc::new(Pool {
             engine,
             record,
-            applier: Mutex::new(Some(applier)),
+            threads: Mutex::new(threads),
         }))
     }
 
@@ -358,12 +368,12 @@ impl Pool {
     #[doc(hidden)]
     pub fn pause_applier(&self, paused: bool) {
         self.engine.lock().applier_paused = paused;
-        self.engine.changed.notify_all();
+        self.engine.applier_wake.notify_all();
     }
 
     /// Applies the journal and checkpoints now.
     pub fn sync(&self) -> Result<(), StoreError> {
-        self.engine.apply_all()?;
+        self.engine.apply_all(true)?;
         self.engine.checkpoint()
     }
 
@@ -449,13 +459,18 @@ impl Pool {
             let mut state = self.engine.lock();
             state.shutting_down = true;
             self.engine.changed.notify_all();
+            self.engine.applier_wake.notify_all();
+            self.engine.journal_wake.notify_all();
         }
-        let handle = self
-            .applier
+        let threads: Vec<_> = self
+            .threads
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take();
-        if let Some(handle) = handle {
+            .drain(..)
+            .collect();
+        // The applier first: it finishes only once the journal writer has
+        // written and it has applied every record.
+        for handle in threads {
             let _ = handle.join();
         }
         match self.engine.lock().failed.clone() {
@@ -625,6 +640,18 @@ fn device_size(file: &File) -> std::io::Result<u64> {
     let size = handle.seek(SeekFrom::End(0))?;
     handle.seek(SeekFrom::Start(0))?;
     Ok(size)
+}
+
+fn fill_zeros(file: &File, bytes: u64) -> std::io::Result<()> {
+    const PIECE_BYTES: u64 = 1 << 20;
+    let zeros = vec![0u8; PIECE_BYTES as usize];
+    let mut offset = 0;
+    while offset < bytes {
+        let length = (bytes - offset).min(PIECE_BYTES);
+        file.write_all_at(&zeros[..length as usize], offset)?;
+        offset += length;
+    }
+    file.sync_data()
 }
 
 fn allocate_space(file: &File, bytes: u64) -> std::io::Result<()> {

@@ -1,7 +1,6 @@
 //! A journal record in memory: what a write, trim or zero request became.
 
 use crate::journal::{RecordHeader, RecordKind};
-use std::sync::atomic::{AtomicBool, Ordering};
 use trireme_types::VolumeId;
 
 pub enum RecordBody {
@@ -23,8 +22,6 @@ pub struct Record {
     pub body: RecordBody,
     /// Chunks set aside for this record's allocations, returned when applied.
     pub reserved_chunks: u64,
-    /// The record is in the journal file (not yet necessarily durable).
-    written: AtomicBool,
 }
 
 impl Record {
@@ -48,7 +45,6 @@ impl Record {
             block_count,
             body,
             reserved_chunks,
-            written: AtomicBool::new(false),
         }
     }
 
@@ -79,14 +75,6 @@ impl Record {
             block_count: self.block_count,
             data_crc,
         }
-    }
-
-    pub fn mark_written(&self) {
-        self.written.store(true, Ordering::Release);
-    }
-
-    pub fn is_written(&self) -> bool {
-        self.written.load(Ordering::Acquire)
     }
 
     pub fn data_bytes(&self) -> u64 {

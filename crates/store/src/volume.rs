@@ -2,7 +2,9 @@
 
 use crate::engine::Engine;
 use std::sync::Arc;
-use trireme_types::{BlockStatusExtent, BlockTarget, TargetError, VolumeId, VolumeName, ZeroFlags};
+use trireme_types::{
+    Attempt, BlockStatusExtent, BlockTarget, TargetError, VolumeId, VolumeName, ZeroFlags,
+};
 
 pub struct Volume {
     pub(crate) engine: Arc<Engine>,
@@ -34,6 +36,14 @@ impl BlockTarget for Volume {
 
     fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), TargetError> {
         self.engine.write(self.id, offset, data, fua)
+    }
+
+    fn try_write(&self, offset: u64, data: Vec<u8>) -> Attempt<(), Vec<u8>> {
+        self.engine.try_write(self.id, offset, data)
+    }
+
+    fn try_read(&self, offset: u64, buffer: &mut [u8]) -> Option<Result<(), TargetError>> {
+        self.engine.try_read(self.id, offset, buffer)
     }
 
     fn flush(&self) -> Result<(), TargetError> {

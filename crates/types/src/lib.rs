@@ -11,7 +11,7 @@ pub mod target;
 
 pub use ids::{NameError, PoolId, PoolName, VolumeId, VolumeName};
 pub use size::{format_size, parse_size, SizeError};
-pub use target::{BlockStatusExtent, BlockTarget, TargetError, ZeroFlags};
+pub use target::{Attempt, BlockStatusExtent, BlockTarget, TargetError, ZeroFlags};
 
 /// The unit of checksumming, allocation bitmaps and alignment: 4 KiB.
 pub const BLOCK_SIZE: u64 = 4096;

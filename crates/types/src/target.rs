@@ -56,6 +56,14 @@ pub struct BlockStatusExtent {
     pub zero: bool,
 }
 
+/// The outcome of a non-blocking attempt: done, or handed back untouched
+/// because it would have to wait (for the device, for space, for a lock).
+#[derive(Debug)]
+pub enum Attempt<T, Back> {
+    Done(Result<T, TargetError>),
+    WouldBlock(Back),
+}
+
 pub trait BlockTarget: Send + Sync + 'static {
     fn size_bytes(&self) -> u64;
 
@@ -69,6 +77,22 @@ pub trait BlockTarget: Send + Sync + 'static {
     /// Writes `data` at `offset`. With `fua`, the data is durable before this
     /// returns; without, it is durable after the next [`BlockTarget::flush`].
     fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), TargetError>;
+
+    /// A plain (not FUA) write that completes without blocking the calling
+    /// thread, or the data handed back. The NBD server calls this on its
+    /// network threads first, which saves two thread switches per request,
+    /// and falls back to [`BlockTarget::write`] on an I/O thread.
+    fn try_write(&self, offset: u64, data: Vec<u8>) -> Attempt<(), Vec<u8>> {
+        let _ = offset;
+        Attempt::WouldBlock(data)
+    }
+
+    /// A read served from memory (page cache included) without waiting for
+    /// the device; `None` when it would wait.
+    fn try_read(&self, offset: u64, buffer: &mut [u8]) -> Option<Result<(), TargetError>> {
+        let _ = (offset, buffer);
+        None
+    }
 
     /// Makes every write that completed before this call durable.
     fn flush(&self) -> Result<(), TargetError>;

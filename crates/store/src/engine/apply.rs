@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 /// How long written records may wait before the applier takes them.
 const APPLY_DELAY: Duration = Duration::from_millis(5);
 /// Apply at once when this much data is waiting.
-const APPLY_BATCH_MIN_BYTES: u64 = 4 << 20;
+pub(super) const APPLY_BATCH_MIN_BYTES: u64 = 4 << 20;
 /// At most this much data per apply pass.
 const APPLY_BATCH_MAX_BYTES: u64 = 16 << 20;
 /// Bounds replay time after a crash.
@@ -72,7 +72,7 @@ pub fn run_applier(engine: Arc<Engine>) {
                     CHECKPOINT_INTERVAL
                 };
                 state = engine
-                    .changed
+                    .applier_wake
                     .wait_timeout(state, timeout)
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .0;
@@ -81,7 +81,7 @@ pub fn run_applier(engine: Arc<Engine>) {
             state.urgent = false;
             (state.shutting_down, urgent)
         };
-        if let Err(error) = engine.apply_all() {
+        if let Err(error) = engine.apply_all(false) {
             tracing::error!(pool = %engine.pool_name, %error, "applying the journal failed");
             return;
         }
@@ -107,13 +107,22 @@ pub fn run_applier(engine: Arc<Engine>) {
 }
 
 impl Engine {
-    /// Makes every written record durable and applies it.
-    pub fn apply_all(&self) -> Result<(), StoreError> {
+    /// Makes every record already in the journal file durable and applies
+    /// it; with `everything_admitted`, first waits for the journal writer to
+    /// write every record admitted so far (a sync, a scan).
+    pub fn apply_all(&self, everything_admitted: bool) -> Result<(), StoreError> {
         let _applying = self
             .apply_lock
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let target = self.lock().written_sequence;
+        let target = {
+            let state = self.lock();
+            if everything_admitted {
+                state.next_sequence - 1
+            } else {
+                state.written_sequence
+            }
+        };
         self.flush_to(target)
             .map_err(|error| StoreError::Fatal(error.to_string()))?;
         while self.apply_batch()? {}

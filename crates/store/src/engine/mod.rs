@@ -17,6 +17,7 @@ mod write;
 
 pub use apply::run_applier;
 pub use replay::open_engine;
+pub use write::run_journal_writer;
 
 use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
 use crate::chunk_map::{Allocator, VolumeMap};
@@ -64,6 +65,8 @@ pub struct State {
     /// Every record up to here is durable (a device flush covered it).
     pub durable_sequence: u64,
     pub flushing: bool,
+    /// The journal writer waits for records (and must be woken).
+    pub journal_idle: bool,
     /// Records after `applied_sequence`, in sequence order.
     pub unapplied: VecDeque<Arc<Record>>,
     pub unapplied_bytes: u64,
@@ -91,6 +94,7 @@ impl State {
             written_sequence: 0,
             durable_sequence: 0,
             flushing: false,
+            journal_idle: false,
             unapplied: VecDeque::new(),
             unapplied_bytes: 0,
             volumes: BTreeMap::new(),
@@ -155,6 +159,11 @@ pub struct Engine {
     /// Signalled on every change a waiter may want: journal space, written
     /// and durable sequences, applied records, urgent work, shutdown.
     pub changed: Condvar,
+    /// Wakes the applier only: when work crosses its batch threshold, when
+    /// someone waits on it, or at shutdown. Writes do not wake it one by one.
+    pub applier_wake: Condvar,
+    /// Wakes the journal writer when it is idle and a record is admitted.
+    pub journal_wake: Condvar,
     /// Serialises read-modify-write of partial blocks, so two sub-block
     /// writes to different bytes of one block both survive.
     pub partial_block_lock: Mutex<()>,
@@ -187,6 +196,14 @@ impl Engine {
             state.failed = Some(reason);
         }
         self.changed.notify_all();
+        self.applier_wake.notify_all();
+        self.journal_wake.notify_all();
+    }
+
+    /// Asks the applier to run now.
+    pub fn wake_applier(&self, state: &mut State) {
+        state.urgent = true;
+        self.applier_wake.notify_all();
     }
 
     pub fn journal_physical(&self, position: u64) -> u64 {

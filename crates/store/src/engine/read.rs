@@ -93,7 +93,9 @@ impl Engine {
                 state.check_usable()?;
                 self.plan(&mut state, volume, first_block, block_count)?
             };
-            let mismatches = self.execute(&plan, first_block, buffer)?;
+            let mismatches = self
+                .execute(&plan, first_block, buffer, false)?
+                .expect("a blocking read always completes");
             if mismatches.is_empty() {
                 return Ok(());
             }
@@ -201,12 +203,52 @@ impl Engine {
         Ok(())
     }
 
+    /// A read served without waiting for the device: `None` when a block is
+    /// not in memory (or fails its checksum, which the blocking path then
+    /// re-checks and reports).
+    pub fn try_read(
+        &self,
+        volume: VolumeId,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Option<Result<(), TargetError>> {
+        let length = buffer.len() as u64;
+        if !offset.is_multiple_of(BLOCK_BYTES) || !length.is_multiple_of(BLOCK_BYTES) || length == 0
+        {
+            return None;
+        }
+        let first_block = offset / BLOCK_BYTES;
+        let plan = {
+            let mut state = self.lock();
+            if let Err(error) = state.check_usable() {
+                return Some(Err(error));
+            }
+            if offset.checked_add(length).is_none() {
+                return Some(Err(TargetError::Invalid(format!(
+                    "range {offset}+{length} overflows"
+                ))));
+            }
+            match self.plan(&mut state, volume, first_block, length / BLOCK_BYTES) {
+                Ok(plan) => plan,
+                Err(error) => return Some(Err(error)),
+            }
+        };
+        match self.execute(&plan, first_block, buffer, true) {
+            Ok(Some(mismatches)) if mismatches.is_empty() => Some(Ok(())),
+            Ok(_) => None,
+            Err(error) => Some(Err(error)),
+        }
+    }
+
+    /// Carries out a plan. With `nowait`, device reads only take what the
+    /// page cache holds, and `None` means some of it was not there.
     fn execute(
         &self,
         plan: &Plan,
         first_block: u64,
         buffer: &mut [u8],
-    ) -> Result<Vec<Mismatch>, TargetError> {
+        nowait: bool,
+    ) -> Result<Option<Vec<Mismatch>>, TargetError> {
         let block_size = BLOCK_BYTES as usize;
         let mut mismatches = Vec::new();
         let mut at = 0usize;
@@ -242,9 +284,18 @@ impl Engine {
                 } => {
                     let bytes = *blocks as usize * block_size;
                     let target = &mut buffer[at..at + bytes];
-                    self.file
-                        .read_exact_at(target, self.layout.data_block_offset(*physical_block))
-                        .map_err(|error| TargetError::Io(format!("reading pool data: {error}")))?;
+                    let device_offset = self.layout.data_block_offset(*physical_block);
+                    if nowait {
+                        if !read_cached_at(&self.file, target, device_offset) {
+                            return Ok(None);
+                        }
+                    } else {
+                        self.file
+                            .read_exact_at(target, device_offset)
+                            .map_err(|error| {
+                                TargetError::Io(format!("reading pool data: {error}"))
+                            })?;
+                    }
                     for (index, data) in target.chunks_exact(block_size).enumerate() {
                         let expected = plan.crcs[crcs_from + index];
                         if crc32c::crc32c(data) != expected {
@@ -261,7 +312,7 @@ impl Engine {
             }
         }
         debug_assert_eq!(at, buffer.len());
-        Ok(mismatches)
+        Ok(Some(mismatches))
     }
 
     /// `base:allocation` for `[offset, offset + length)`: written blocks are
@@ -333,6 +384,28 @@ impl Engine {
         }
         Ok(extents)
     }
+}
+
+/// Reads `buffer.len()` bytes only if all are in the page cache
+/// (`RWF_NOWAIT`); false otherwise, including on any error, which the
+/// blocking path then meets and reports.
+fn read_cached_at(file: &std::fs::File, buffer: &mut [u8], offset: u64) -> bool {
+    use std::os::fd::AsRawFd;
+    let iovec = libc::iovec {
+        iov_base: buffer.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buffer.len(),
+    };
+    // SAFETY: the iovec points into `buffer`, alive and exclusive for the call.
+    let read = unsafe {
+        libc::preadv2(
+            file.as_raw_fd(),
+            &iovec,
+            1,
+            offset as libc::off_t,
+            libc::RWF_NOWAIT,
+        )
+    };
+    read >= 0 && read as usize == buffer.len()
 }
 
 fn push_zero(plan: &mut Plan, blocks: u64) {

@@ -85,13 +85,15 @@ pub fn open_engine(
         metadata,
         state: Mutex::new(state),
         changed: Condvar::new(),
+        applier_wake: Condvar::new(),
+        journal_wake: Condvar::new(),
         partial_block_lock: Mutex::new(()),
         metadata_lock: Mutex::new(()),
         apply_lock: Mutex::new(()),
         checksum_errors: AtomicU64::new(0),
     });
     let replayed = engine.replay(checkpoint.epoch)?;
-    engine.apply_all()?;
+    engine.apply_all(false)?;
     engine.checkpoint()?;
     if replayed > 0 {
         tracing::info!(pool = %engine.pool_name, records = replayed, "replayed the journal");
@@ -164,7 +166,6 @@ impl Engine {
                 body,
                 0,
             ));
-            record.mark_written();
             state.unapplied_bytes += record.data_bytes();
             state.unapplied.push_back(record);
             state.head = position + journal_bytes;

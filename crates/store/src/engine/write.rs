@@ -4,12 +4,79 @@
 //! every record written before it started).
 
 use super::{Engine, State};
-use crate::journal::{block_crcs, record_journal_bytes, RECORD_MAX_DATA_BYTES};
+use crate::journal::{block_crcs, record_journal_bytes, HEADER_BYTES, RECORD_MAX_DATA_BYTES};
 use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
 use crate::record::{Record, RecordBody};
-use std::os::unix::fs::FileExt;
-use std::sync::Arc;
-use trireme_types::{TargetError, VolumeId};
+use std::io::IoSlice;
+use std::sync::{Arc, MutexGuard};
+use trireme_types::{Attempt, TargetError, VolumeId};
+
+/// What admission did with a record.
+enum Admission {
+    Admitted(u64),
+    WouldWait(RecordBody),
+}
+
+/// The journal writer thread: writes admitted records in order, as many
+/// per `pwritev` as are waiting, so one system call serves many requests and
+/// only one thread ever takes the file's write lock for the journal.
+pub fn run_journal_writer(engine: Arc<Engine>) {
+    let mut state = engine.lock();
+    loop {
+        if state.failed.is_some() {
+            return;
+        }
+        let unwritten = state.next_sequence - 1 - state.written_sequence;
+        if unwritten == 0 {
+            if state.shutting_down {
+                return;
+            }
+            state.journal_idle = true;
+            state = engine
+                .journal_wake
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            state.journal_idle = false;
+            continue;
+        }
+        let first_unwritten = (state.written_sequence - state.applied_sequence) as usize;
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        for record in state.unapplied.range(first_unwritten..) {
+            batch.push(record.clone());
+            bytes += record.data_bytes();
+            // The record after a pad starts the next lap: not contiguous.
+            let full = batch.len() >= JOURNAL_BATCH_MAX_RECORDS || bytes >= JOURNAL_BATCH_MAX_BYTES;
+            if full || matches!(record.body, RecordBody::Pad) {
+                break;
+            }
+        }
+        drop(state);
+        let result = engine.write_batch(&batch);
+        state = engine.lock();
+        match result {
+            Ok(()) => {
+                let last = batch.last().expect("a batch has a record");
+                assert_eq!(last.sequence, state.written_sequence + batch.len() as u64);
+                state.written_sequence = last.sequence;
+            }
+            Err(error) => {
+                // A hole in the journal would cut off every later record.
+                let offset = engine.journal_physical(batch[0].position);
+                engine.fail(
+                    &mut state,
+                    format!("journal write at byte {offset} failed: {error}"),
+                );
+            }
+        }
+        engine.changed.notify_all();
+    }
+}
+
+/// Records per journal batch: two iovecs each, within the kernel's IOV_MAX.
+const JOURNAL_BATCH_MAX_RECORDS: usize = 512;
+const JOURNAL_BATCH_MAX_BYTES: u64 = 8 << 20;
+const IOV_MAX: usize = 1024;
 
 impl Engine {
     pub fn write(
@@ -94,7 +161,7 @@ impl Engine {
                 data: piece,
                 block_crcs,
             };
-            last_sequence = self.append(volume, block, block_count, body)?;
+            last_sequence = self.append_blocking(volume, block, block_count, body)?;
             block += block_count;
         }
         Ok(last_sequence)
@@ -136,7 +203,7 @@ impl Engine {
             }
         }
         if end_whole > first_whole {
-            last_sequence = self.append(
+            last_sequence = self.append_blocking(
                 volume,
                 first_whole,
                 end_whole - first_whole,
@@ -173,6 +240,43 @@ impl Engine {
         Ok(())
     }
 
+    /// A plain aligned write admitted without waiting, or the data back.
+    pub fn try_write(&self, volume: VolumeId, offset: u64, data: Vec<u8>) -> Attempt<(), Vec<u8>> {
+        if data.is_empty() {
+            return Attempt::Done(Ok(()));
+        }
+        let aligned =
+            offset.is_multiple_of(BLOCK_BYTES) && (data.len() as u64).is_multiple_of(BLOCK_BYTES);
+        if !aligned || data.len() as u64 > RECORD_MAX_DATA_BYTES {
+            return Attempt::WouldBlock(data);
+        }
+        if let Err(error) = self.check_range(volume, offset, data.len() as u64) {
+            return Attempt::Done(Err(error));
+        }
+        let block_count = data.len() as u64 / BLOCK_BYTES;
+        let block_crcs = block_crcs(&data);
+        let body = RecordBody::Write { data, block_crcs };
+        match self.append(volume, offset / BLOCK_BYTES, block_count, body, false) {
+            Ok(Admission::Admitted(_)) => Attempt::Done(Ok(())),
+            Ok(Admission::WouldWait(RecordBody::Write { data, .. })) => Attempt::WouldBlock(data),
+            Ok(Admission::WouldWait(_)) => unreachable!("a write record comes back as one"),
+            Err(error) => Attempt::Done(Err(error)),
+        }
+    }
+
+    fn append_blocking(
+        &self,
+        volume: VolumeId,
+        first_block: u64,
+        block_count: u64,
+        body: RecordBody,
+    ) -> Result<u64, TargetError> {
+        match self.append(volume, first_block, block_count, body, true)? {
+            Admission::Admitted(sequence) => Ok(sequence),
+            Admission::WouldWait(_) => unreachable!("blocking admission waits"),
+        }
+    }
+
     pub fn check_range(
         &self,
         volume: VolumeId,
@@ -191,15 +295,18 @@ impl Engine {
     }
 
     /// Admits a record: journal space, memory and chunks are reserved, the
-    /// record gets its sequence and position and shows in the overlay. Then
-    /// writes it to the journal.
+    /// record gets its sequence and position and shows in the overlay, and
+    /// the journal writer is woken if idle. From here on reads see the
+    /// record and a flush covers it; the write may be acknowledged.
+    /// Without `blocking`, a record that would have to wait is handed back.
     fn append(
         &self,
         volume: VolumeId,
         first_block: u64,
         block_count: u64,
         body: RecordBody,
-    ) -> Result<u64, TargetError> {
+        blocking: bool,
+    ) -> Result<Admission, TargetError> {
         let data_bytes = match &body {
             RecordBody::Write { data, .. } => data.len() as u64,
             _ => 0,
@@ -225,6 +332,10 @@ impl Engine {
             let memory_full = state.unapplied_bytes > 0
                 && state.unapplied_bytes + data_bytes > super::UNAPPLIED_BYTES_MAX;
             if journal_full || memory_full {
+                if !blocking {
+                    self.wake_applier(&mut state);
+                    return Ok(Admission::WouldWait(body));
+                }
                 state = self.wait_for_applier(state);
                 continue;
             }
@@ -238,6 +349,10 @@ impl Engine {
                 if !state.unapplied.is_empty() {
                     // Pending trims may free chunks, and pending writes may
                     // hold reservations they turn out not to need.
+                    if !blocking {
+                        self.wake_applier(&mut state);
+                        return Ok(Admission::WouldWait(body));
+                    }
                     state = self.wait_for_applier(state);
                     continue;
                 }
@@ -248,7 +363,7 @@ impl Engine {
             break reserve;
         };
         let lap_left = journal_size - state.head % journal_size;
-        let pad = if journal_bytes > lap_left {
+        if journal_bytes > lap_left {
             let sequence = state.next_sequence;
             let record = Arc::new(Record::new(
                 sequence,
@@ -262,11 +377,8 @@ impl Engine {
             ));
             state.next_sequence += 1;
             state.head += lap_left;
-            state.unapplied.push_back(record.clone());
-            Some(record)
-        } else {
-            None
-        };
+            state.unapplied.push_back(record);
+        }
         let sequence = state.next_sequence;
         let record = Arc::new(Record::new(
             sequence,
@@ -290,56 +402,38 @@ impl Engine {
             .overlay
             .insert(record.clone());
         state.validate(journal_size);
-        drop(state);
-        if let Some(pad) = pad {
-            self.write_record(&pad)?;
+        if state.unapplied_bytes >= super::apply::APPLY_BATCH_MIN_BYTES {
+            self.applier_wake.notify_all();
         }
-        self.write_record(&record)?;
-        Ok(sequence)
+        if state.journal_idle {
+            self.journal_wake.notify_one();
+        }
+        Ok(Admission::Admitted(sequence))
     }
 
-    fn wait_for_applier<'a>(
-        &self,
-        mut state: std::sync::MutexGuard<'a, State>,
-    ) -> std::sync::MutexGuard<'a, State> {
-        state.urgent = true;
-        self.changed.notify_all();
+    fn wait_for_applier<'a>(&self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.wake_applier(&mut state);
         self.wait(state)
     }
 
-    /// Writes a record into the journal file and advances the written
-    /// sequence over every record now in the file without a gap.
-    fn write_record(&self, record: &Record) -> Result<(), TargetError> {
-        let header = record.header(self.pool_salt, self.epoch).encode();
-        let offset = self.journal_physical(record.position);
-        let result = match &record.body {
-            RecordBody::Write { data, .. } => write_vectored_at(&self.file, &header, data, offset),
-            _ => self.file.write_all_at(&header, offset),
-        };
-        let mut state = self.lock();
-        if let Err(error) = result {
-            // A hole in the journal would cut off every later record.
-            let reason = format!("journal write at byte {offset} failed: {error}");
-            self.fail(&mut state, reason.clone());
-            return Err(TargetError::Io(reason));
-        }
-        record.mark_written();
-        let front = state.applied_sequence + 1;
-        let mut advanced = false;
-        while let Some(next) = state
-            .unapplied
-            .get((state.written_sequence + 1 - front) as usize)
-        {
-            if !next.is_written() {
-                break;
+    /// Writes consecutive records (headers and data) with one system call.
+    fn write_batch(&self, batch: &[Arc<Record>]) -> std::io::Result<()> {
+        let headers: Vec<[u8; HEADER_BYTES as usize]> = batch
+            .iter()
+            .map(|record| record.header(self.pool_salt, self.epoch).encode())
+            .collect();
+        let mut slices = Vec::with_capacity(batch.len() * 2);
+        for (record, header) in batch.iter().zip(&headers) {
+            slices.push(IoSlice::new(header));
+            if let RecordBody::Write { data, .. } = &record.body {
+                slices.push(IoSlice::new(data));
             }
-            state.written_sequence += 1;
-            advanced = true;
         }
-        if advanced {
-            self.changed.notify_all();
-        }
-        Ok(())
+        write_all_vectored_at(
+            &self.file,
+            &mut slices,
+            self.journal_physical(batch[0].position),
+        )
     }
 
     /// Makes every write completed before this call durable.
@@ -399,40 +493,23 @@ fn chunks_to_reserve(state: &State, volume: VolumeId, first_block: u64, block_co
         .count() as u64
 }
 
-/// Header and data in one system call, without copying them together.
-fn write_vectored_at(
+/// `pwritev` until every slice is written.
+fn write_all_vectored_at(
     file: &std::fs::File,
-    header: &[u8],
-    data: &[u8],
-    offset: u64,
+    mut slices: &mut [IoSlice<'_>],
+    mut offset: u64,
 ) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
-    let total = header.len() + data.len();
-    let mut done = 0usize;
-    while done < total {
-        let (first, second): (&[u8], &[u8]) = if done < header.len() {
-            (&header[done..], data)
-        } else {
-            (&data[done - header.len()..], &[])
-        };
-        let iovecs = [
-            libc::iovec {
-                iov_base: first.as_ptr() as *mut libc::c_void,
-                iov_len: first.len(),
-            },
-            libc::iovec {
-                iov_base: second.as_ptr() as *mut libc::c_void,
-                iov_len: second.len(),
-            },
-        ];
-        let count = if second.is_empty() { 1 } else { 2 };
-        // SAFETY: the iovecs point into live slices for the call's duration.
+    while !slices.is_empty() {
+        let count = slices.len().min(IOV_MAX);
+        // SAFETY: IoSlice is ABI-compatible with iovec, and the slices live
+        // for the whole call.
         let written = unsafe {
             libc::pwritev(
                 file.as_raw_fd(),
-                iovecs.as_ptr(),
-                count,
-                (offset + done as u64) as libc::off_t,
+                slices.as_ptr() as *const libc::iovec,
+                count as libc::c_int,
+                offset as libc::off_t,
             )
         };
         if written < 0 {
@@ -448,7 +525,8 @@ fn write_vectored_at(
                 "pwritev wrote nothing",
             ));
         }
-        done += written as usize;
+        offset += written as u64;
+        IoSlice::advance_slices(&mut slices, written as usize);
     }
     Ok(())
 }
