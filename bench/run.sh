@@ -52,6 +52,7 @@ m=re.fullmatch(r'(\d+)([KMGT]?)', sys.argv[1].upper().rstrip('IB'))
 print(int(m.group(1)) * 1024**' KMGT'.index(m.group(2) or ' '))" "$SIZE")
 pool_bytes=$(( size_bytes + size_bytes / 4 + (512 << 20) ))
 
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
 fstype=$(df --output=fstype "$SCRATCH" | tail -1 | tr -d ' ')
@@ -221,6 +222,8 @@ done
 log "writing $OUT"
 disk=$(df --output=source "$SCRATCH" | tail -1)
 diskinfo="$disk ($fstype), $(lsblk -dno SIZE,ROTA,MODEL "$disk" 2>/dev/null | awk '{printf "size %s, rotational=%s, model %s", $1, $2, ($3 == "" ? "n/a" : $3)}')"
+export B_LOAD="load average at start $load_start, at end $(cut -d' ' -f1-3 /proc/loadavg)"
+export B_DIRTY="$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
 export B_TARGETS="$TARGETS" B_JOBS="$JOBS" B_REPO="$repo" B_CMD="$envline $cmdline" B_DISK="$diskinfo" \
     B_RUNTIME="$RUNTIME" B_REPEAT="$REPEAT" B_SIZE="$SIZE"
 python3 - "$results" "$OUT" <<'PY'
@@ -252,9 +255,11 @@ L = []
 L.append("# trireme benchmark results\n")
 L.append(f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
 L.append(f"- command: `{E['B_CMD']}`")
-L.append(f"- trireme: {git('rev-parse', '--short', 'HEAD')} ({git('log', '-1', '--format=%s')}), release build")
+dirty = int(E.get("B_DIRTY", "0") or 0)
+L.append(f"- trireme: {git('rev-parse', '--short', 'HEAD')} ({git('log', '-1', '--format=%s')}), release build" + (f", built from a working tree with {dirty} uncommitted changed files" if dirty else ""))
 L.append(f"- machine: {os.cpu_count()} CPUs ({cpu}), {round(os.sysconf('SC_PAGE_SIZE')*os.sysconf('SC_PHYS_PAGES')/2**30)} GiB RAM, kernel {platform.release()}")
 L.append(f"- disk: {E['B_DISK']}; scratch on the same filesystem for all targets")
+L.append(f"- {E['B_LOAD']} (other work on the machine skews results: compare runs made on an idle machine)")
 L.append(f"- fio {subprocess.run(['fio','--version'],capture_output=True,text=True).stdout.strip()}, {subprocess.run(['qemu-nbd','--version'],capture_output=True,text=True).stdout.splitlines()[0]}")
 L.append(f"- each job: {E['B_RUNTIME']} s time-based after 1 s ramp, median of {E['B_REPEAT']} runs, over {E['B_SIZE']} prefilled sequentially")
 L.append("- latency = completion latency (clat) in µs, the worse of read/write for mixed jobs; server CPU = usr+sys of the server process over the run, % of one core; fio CPU = fio's usr+sys %")
@@ -269,7 +274,7 @@ for t in targets:
     L.append("")
 if "trireme" in targets and "qemu-nbd" in targets:
     L.append("## trireme / qemu-nbd\n")
-    L.append("Targets: IOPS ratio ≥ 0.9 on J2–J6; J1 p50 latency ratio ≤ 1.15.\n")
+    L.append("Targets: IOPS ratio ≥ 0.9 on J2–J6; J1 cycle latency (write + flush, 1e6/IOPS) ratio ≤ 1.15.\n")
     L.append("| job | IOPS ratio | p50 latency ratio (J1: cycle) | p99 latency ratio | target | met |")
     L.append("|---|---:|---:|---:|---|---|")
     for j in jobs:
@@ -285,7 +290,7 @@ if "trireme" in targets and "qemu-nbd" in targets:
             lr = cr
         else:
             tgt, ok = "IOPS ≥ 0.9×", (r is not None and r >= 0.9)
-        L.append(f"| {j} | {f(r,'%.2f')} | {f(lr,'%.2f')} | {f(pr,'%.2f')} | {tgt} | {'yes' if ok else '**no**'} |")
+        L.append(f"| {j} | {f(r,'%.3f')} | {f(lr,'%.2f')} | {f(pr,'%.2f')} | {tgt} | {'yes' if ok else '**no**'} |")
     L.append("")
 open(out, "w").write("\n".join(L) + "\n")
 print("\n".join(L))
