@@ -283,3 +283,45 @@ fn kill9_mid_load_keeps_every_durable_write() {
     let written = model.values().filter(|m| m.sent[0] != 0).count();
     eprintln!("{written} of {BLOCKS} blocks hold data at the end");
 }
+
+/// The export advertises multi-conn: a FLUSH acknowledged on one connection
+/// makes the writes completed on every other connection durable too. Writer
+/// connections write without FUA, a separate connection flushes, the node is
+/// killed right after the flush's acknowledgement; all those writes survive.
+#[test]
+fn flush_on_one_connection_covers_writes_on_others() {
+    let mut node = TestNode::start();
+    node.create_volume("mc", "8M");
+    for round in 0..3u64 {
+        let mut writers: Vec<NbdClient> = (0..3)
+            .map(|_| NbdClient::connect(node.nbd_port, "mc").unwrap())
+            .collect();
+        let mut flusher = NbdClient::connect(node.nbd_port, "mc").unwrap();
+        assert!(
+            flusher.flags & common::nbd_client::TF_CAN_MULTI_CONN != 0,
+            "export does not advertise multi-conn (flags {:#x})",
+            flusher.flags
+        );
+        let gen = round + 1;
+        for b in 0..192u64 {
+            let w = &mut writers[(b % 3) as usize];
+            w.write(b * 4096, &pattern(b, gen), false).unwrap();
+        }
+        flusher.flush().unwrap();
+        node.kill9();
+        drop(writers);
+        node.restart();
+        let mut c = NbdClient::connect(node.nbd_port, "mc").unwrap();
+        for b in 0..192u64 {
+            let got = c.read(b * 4096, 4096).unwrap();
+            assert_eq!(
+                decode(&got),
+                Some((b, gen)),
+                "round {round}: block {b} written on connection {} before a FLUSH acknowledged on another connection was lost",
+                b % 3
+            );
+        }
+        c.disconnect();
+    }
+    node.assert_scan_clean("default");
+}
