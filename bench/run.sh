@@ -13,6 +13,7 @@
 #        TARGETS  subset, e.g. "trireme qemu-nbd" (default "trireme qemu-nbd raw")
 #        JOBS     subset, e.g. "J1 J2"        (default "J1 J2 J3 J4 J5 J6")
 #        OUT      results file               (default bench/RESULTS.md)
+#        KEEP_SCRATCH=1 keeps the volume/pool/raw images after the run
 # Default total: 3 targets x 6 jobs x 3 repeats x (10 s + 1 s ramp) + prefill ≈ 11 min.
 set -euo pipefail
 
@@ -25,7 +26,7 @@ for a in "$@"; do
     case "$a" in
         --quick) quick=1 ;;
         --no-build) build=0 ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "unknown argument: $a" >&2; exit 2 ;;
     esac
 done
@@ -295,4 +296,7 @@ if "trireme" in targets and "qemu-nbd" in targets:
 open(out, "w").write("\n".join(L) + "\n")
 print("\n".join(L))
 PY
-log "done: $OUT"
+if [ -z "${KEEP_SCRATCH:-}" ]; then
+    rm -rf "$SCRATCH/trireme-data" "$SCRATCH"/*.img "$SCRATCH"/*.raw
+fi
+log "done: $OUT (fio JSON in $SCRATCH; images removed unless KEEP_SCRATCH=1)"
