@@ -24,11 +24,14 @@ fn fio_verify(node: &TestNode, vol: &str, iodepth: u32, numjobs: u32, per_job: &
             "--do_verify=1".into(),
             "--verify_fatal=1".into(),
             "--verify_dump=0".into(),
+            // No verify-state files left in the working directory.
+            "--verify_state_save=0".into(),
             "--runtime=60".into(),
             "--output-format=json".into(),
         ],
     );
     c.arg(format!("--output={}", json.display()));
+    c.current_dir(tmp.path());
     let what = render(&c);
     let out = exec(&mut c, Duration::from_secs(240));
     let report = std::fs::read_to_string(&json).unwrap_or_default();

@@ -10,7 +10,7 @@
 //! and data crc all match what replay expects; the first invalid record ends
 //! the journal. See `docs/store-format.md`.
 
-use crate::layout::BLOCK_BYTES;
+use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
 
 pub const HEADER_BYTES: u64 = 64;
 pub const RECORD_ALIGN: u64 = 64;
@@ -28,6 +28,9 @@ pub enum RecordKind {
     Zero = 2,
     /// Fills the end of a lap; the next record starts at the next lap.
     Pad = 3,
+    /// Whole chunks written straight to freshly allocated chunks: the
+    /// record carries their physical numbers and block crcs, not the data.
+    Redirect = 4,
 }
 
 impl RecordKind {
@@ -36,6 +39,7 @@ impl RecordKind {
             1 => Some(RecordKind::Write),
             2 => Some(RecordKind::Zero),
             3 => Some(RecordKind::Pad),
+            4 => Some(RecordKind::Redirect),
             _ => None,
         }
     }
@@ -55,9 +59,11 @@ pub struct RecordHeader {
 }
 
 impl RecordHeader {
+    /// Bytes of payload after the header.
     pub fn data_bytes(&self) -> u64 {
         match self.kind {
             RecordKind::Write => self.block_count * BLOCK_BYTES,
+            RecordKind::Redirect => redirect_payload_bytes(self.block_count),
             RecordKind::Zero | RecordKind::Pad => 0,
         }
     }
@@ -111,11 +117,45 @@ impl RecordHeader {
             first_block: u64_at(48),
             block_count: u64_at(56),
         };
-        if header.kind == RecordKind::Write && header.data_bytes() > RECORD_MAX_DATA_BYTES {
-            return None;
+        let too_long = header.block_count * BLOCK_BYTES > RECORD_MAX_DATA_BYTES;
+        match header.kind {
+            RecordKind::Write if too_long => return None,
+            RecordKind::Redirect
+                if too_long || !header.block_count.is_multiple_of(BLOCKS_PER_CHUNK) =>
+            {
+                return None
+            }
+            _ => {}
         }
         Some(header)
     }
+}
+
+/// A redirect's payload: one u32 physical chunk per chunk, then one u32
+/// crc per block.
+pub fn redirect_payload_bytes(block_count: u64) -> u64 {
+    (block_count / BLOCKS_PER_CHUNK) * 4 + block_count * 4
+}
+
+pub fn encode_redirect_payload(fresh_chunks: &[u32], block_crcs: &[u32]) -> Vec<u8> {
+    fresh_chunks
+        .iter()
+        .chain(block_crcs)
+        .flat_map(|value| value.to_le_bytes())
+        .collect()
+}
+
+/// Splits a redirect payload back into chunks and block crcs.
+pub fn decode_redirect_payload(payload: &[u8], block_count: u64) -> (Vec<u32>, Vec<u32>) {
+    let values: Vec<u32> = payload
+        .chunks_exact(4)
+        .map(|four| u32::from_le_bytes(four.try_into().expect("4 bytes")))
+        .collect();
+    let chunk_count = (block_count / BLOCKS_PER_CHUNK) as usize;
+    (
+        values[..chunk_count].to_vec(),
+        values[chunk_count..].to_vec(),
+    )
 }
 
 pub fn record_journal_bytes(data_bytes: u64) -> u64 {

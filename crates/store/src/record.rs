@@ -4,7 +4,16 @@ use crate::journal::{RecordHeader, RecordKind};
 use trireme_types::VolumeId;
 
 pub enum RecordBody {
-    Write { data: Vec<u8>, block_crcs: Vec<u32> },
+    /// With `fresh_chunks` empty, the data goes through the journal and is
+    /// applied in place. A write of whole chunks instead gets fresh chunks at
+    /// admission, its data is written there once, and the journal record
+    /// only names them (kind `Redirect`); applying it swaps the map entries.
+    /// `data` of a redirect replayed from the journal is empty: it is on disk.
+    Write {
+        data: Vec<u8>,
+        block_crcs: Vec<u32>,
+        fresh_chunks: Vec<u32>,
+    },
     Zero,
     Pad,
 }
@@ -53,7 +62,10 @@ impl Record {
     }
 
     pub fn kind(&self) -> RecordKind {
-        match self.body {
+        match &self.body {
+            RecordBody::Write { fresh_chunks, .. } if !fresh_chunks.is_empty() => {
+                RecordKind::Redirect
+            }
             RecordBody::Write { .. } => RecordKind::Write,
             RecordBody::Zero => RecordKind::Zero,
             RecordBody::Pad => RecordKind::Pad,
@@ -62,6 +74,13 @@ impl Record {
 
     pub fn header(&self, pool_salt: u64, epoch: u64) -> RecordHeader {
         let data_crc = match &self.body {
+            RecordBody::Write {
+                block_crcs,
+                fresh_chunks,
+                ..
+            } if !fresh_chunks.is_empty() => crc32c::crc32c(
+                &crate::journal::encode_redirect_payload(fresh_chunks, block_crcs),
+            ),
             RecordBody::Write { block_crcs, .. } => crate::journal::data_crc(block_crcs),
             _ => 0,
         };
@@ -75,6 +94,10 @@ impl Record {
             block_count: self.block_count,
             data_crc,
         }
+    }
+
+    pub fn is_redirect(&self) -> bool {
+        matches!(&self.body, RecordBody::Write { fresh_chunks, .. } if !fresh_chunks.is_empty())
     }
 
     pub fn data_bytes(&self) -> u64 {

@@ -31,7 +31,8 @@ fn flushed_writes_survive_and_replay_is_exact() {
     let recovered = crashed.open_volume(&name("v")).unwrap();
     let mut back = vec![0u8; expected.len()];
     recovered.read(0, &mut back).unwrap();
-    assert!(back == expected, "recovered data differs");
+    let first = back.iter().zip(&expected).position(|(a, b)| a != b);
+    assert!(back == expected, "recovered data differs at {first:?}");
     let report = crashed.scan().unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
@@ -118,4 +119,43 @@ fn a_flipped_byte_in_place_is_caught_on_read() {
     assert!(test.pool.info().checksum_errors >= 1);
     let report = test.pool.scan().unwrap();
     assert_eq!(report.checksum_mismatches.len(), 1, "{report:?}");
+}
+
+#[test]
+fn a_whole_chunk_write_with_torn_data_is_dropped_and_the_old_data_stays() {
+    let test = TestPool::create(64 * MIB);
+    test.pool.create_volume(&name("v"), 4 * MIB).unwrap();
+    let volume = test.pool.open_volume(&name("v")).unwrap();
+    let old = pattern(21, 65536);
+    let new = pattern(22, 65536);
+    volume.write(0, old.clone(), true).unwrap();
+    test.pool.sync().unwrap();
+    test.pool.pause_applier(true);
+    // A whole, aligned chunk: written to a fresh chunk, the journal only names it.
+    volume.write(0, new.clone(), true).unwrap();
+    let copy = test.crash_files();
+    let path = copy.path().join("pool.img");
+    let device = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let mut whole = vec![0u8; std::fs::metadata(&path).unwrap().len() as usize];
+    device.read_exact_at(&mut whole, 0).unwrap();
+    let at = whole
+        .windows(4096)
+        .position(|window| window == &new[8192..12288])
+        .expect("the new data is in its fresh chunk");
+    device.write_all_at(&[whole[at] ^ 0xff], at as u64).unwrap();
+    drop(device);
+    let reopened =
+        trireme_store::Pool::open(&path, &copy.path().join("meta/metadata.redb")).unwrap();
+    let volume = reopened.open_volume(&name("v")).unwrap();
+    let mut back = vec![0u8; 65536];
+    volume.read(0, &mut back).unwrap();
+    assert!(
+        back == old,
+        "a redirect whose data does not match its crcs must not replay"
+    );
+    assert!(reopened.scan().unwrap().is_clean());
 }

@@ -42,6 +42,9 @@ enum Operation {
 
 fn range() -> impl Strategy<Value = (u64, u64)> {
     prop_oneof![
+        // Whole chunks (written to fresh chunks, not through the journal).
+        (0..VOLUME_BYTES / CHUNK, 1..4u64)
+            .prop_map(|(chunk, count)| (chunk * CHUNK, count * CHUNK)),
         // Block-aligned, up to a few chunks.
         (0..VOLUME_BYTES / BLOCK, 1..48u64)
             .prop_map(|(block, count)| (block * BLOCK, count * BLOCK)),

@@ -122,6 +122,8 @@ fn a_full_pool_answers_enospc_and_recovers_after_trim() {
     assert!(matches!(error, TargetError::NoSpace { .. }), "{error:?}");
     // Overwriting allocated data still works in a full pool.
     volume.write(0, vec![8u8; 4096], true).unwrap();
+    // Whole chunks too: with no fresh chunk left they go through the journal.
+    volume.write(65536, vec![8u8; 65536], true).unwrap();
     volume.trim(0, written, false).unwrap();
     volume.write(0, vec![9u8; MIB as usize], true).unwrap();
     let report = test.pool.scan().unwrap();

@@ -32,6 +32,34 @@ const APPLY_BATCH_MAX_BYTES: u64 = 16 << 20;
 /// Bounds replay time after a crash.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 
+enum Batch {
+    Applied,
+    Nothing,
+    NeedsCheckpoint,
+}
+
+/// True if `record` writes in place into a chunk filled by a redirect that
+/// is not yet checkpointed.
+fn writes_into_fresh_chunk(state: &State, record: &Record) -> bool {
+    if state.fresh_since_checkpoint.is_empty() || record.is_redirect() {
+        return false;
+    }
+    let RecordBody::Write { .. } = &record.body else {
+        return false;
+    };
+    let Some(volume) = state.volumes.get(&record.volume) else {
+        return false;
+    };
+    let first_chunk = record.first_block / BLOCKS_PER_CHUNK;
+    let end_chunk = record.end_block().div_ceil(BLOCKS_PER_CHUNK);
+    (first_chunk..end_chunk).any(|chunk| {
+        volume
+            .map
+            .get(chunk)
+            .is_some_and(|entry| state.fresh_since_checkpoint.contains(&entry.physical))
+    })
+}
+
 /// One in-place write: a run of blocks of one record at one device offset.
 struct InPlace {
     record: Arc<Record>,
@@ -125,27 +153,45 @@ impl Engine {
         };
         self.flush_to(target)
             .map_err(|error| StoreError::Fatal(error.to_string()))?;
-        while self.apply_batch()? {}
-        Ok(())
+        loop {
+            match self.apply_batch()? {
+                Batch::Applied => {}
+                Batch::Nothing => return Ok(()),
+                Batch::NeedsCheckpoint => self.checkpoint_holding_apply_lock()?,
+            }
+        }
     }
 
-    /// Applies one batch of durable records; false when there was none.
-    fn apply_batch(&self) -> Result<bool, StoreError> {
+    /// Applies one batch of records; false when there was none. A record
+    /// that writes in place must be durable first; a redirect only needs to
+    /// be in the file, as it overwrites nothing that a crash could need.
+    ///
+    /// A record that would write in place into a chunk that a redirect
+    /// filled since the last checkpoint ends the batch and asks for a
+    /// checkpoint first: replay checks a redirect's chunks against its crcs
+    /// to tell torn data, which an in-place write would make fail.
+    fn apply_batch(&self) -> Result<Batch, StoreError> {
         let mut writes = Vec::new();
+        let mut outcome = Batch::Applied;
         let batch: Vec<Arc<Record>> = {
             let mut state = self.lock();
             let mut batch = Vec::new();
             let mut bytes = 0;
             for record in state.unapplied.iter() {
-                if record.sequence > state.durable_sequence
-                    || (bytes >= APPLY_BATCH_MAX_BYTES && !batch.is_empty())
-                {
+                let ready = record.sequence <= state.durable_sequence
+                    || (record.is_redirect() && record.sequence <= state.written_sequence);
+                if !ready || (bytes >= APPLY_BATCH_MAX_BYTES && !batch.is_empty()) {
                     break;
                 }
                 bytes += record.data_bytes();
                 batch.push(record.clone());
             }
-            for record in &batch {
+            for (index, record) in batch.iter().enumerate() {
+                if writes_into_fresh_chunk(&state, record) {
+                    batch.truncate(index);
+                    outcome = Batch::NeedsCheckpoint;
+                    break;
+                }
                 if let Err(reason) = self.apply_to_maps(&mut state, record, &mut writes) {
                     self.fail(&mut state, reason.clone());
                     return Err(StoreError::Fatal(reason));
@@ -154,7 +200,10 @@ impl Engine {
             batch
         };
         if batch.is_empty() {
-            return Ok(false);
+            return Ok(match outcome {
+                Batch::NeedsCheckpoint => Batch::NeedsCheckpoint,
+                _ => Batch::Nothing,
+            });
         }
         for write in &writes {
             let RecordBody::Write { data, .. } = &write.record.body else {
@@ -189,7 +238,7 @@ impl Engine {
         }
         state.validate(self.layout.journal_bytes);
         self.changed.notify_all();
-        Ok(true)
+        Ok(outcome)
     }
 
     /// Updates maps, allocator and checksums for one record and lists its
@@ -204,10 +253,20 @@ impl Engine {
         let live = matches!(state.volumes.get(&record.volume), Some(volume) if !volume.deleted);
         if !live {
             // The volume was deleted after this record was written.
+            if let RecordBody::Write { fresh_chunks, .. } = &record.body {
+                state.deferred_frees.extend(fresh_chunks);
+            }
             return Ok(());
         }
         match &record.body {
             RecordBody::Pad => {}
+            RecordBody::Write {
+                block_crcs,
+                fresh_chunks,
+                ..
+            } if !fresh_chunks.is_empty() => {
+                self.apply_redirect(state, record, block_crcs, fresh_chunks)?;
+            }
             RecordBody::Write { block_crcs, .. } => {
                 for (index, block) in (record.first_block..record.end_block()).enumerate() {
                     let chunk = block / BLOCKS_PER_CHUNK;
@@ -271,7 +330,7 @@ impl Engine {
                     entry.written &= !mask;
                     if entry.written == 0 {
                         volume.map.set(chunk, None);
-                        state.allocator.free(entry.physical);
+                        state.deferred_frees.push(entry.physical);
                     } else {
                         volume.map.set(chunk, Some(entry));
                     }
@@ -282,14 +341,66 @@ impl Engine {
         Ok(())
     }
 
-    /// Writes checksums, flushes, and commits maps and the journal start.
+    /// Points whole chunks at their fresh chunks; the chunks they replace
+    /// are freed after the next checkpoint.
+    fn apply_redirect(
+        &self,
+        state: &mut State,
+        record: &Record,
+        block_crcs: &[u32],
+        fresh_chunks: &[u32],
+    ) -> Result<(), String> {
+        let first_chunk = record.first_block / BLOCKS_PER_CHUNK;
+        for (index, physical) in fresh_chunks.iter().enumerate() {
+            let chunk = first_chunk + index as u64;
+            let volume = state.volumes.get_mut(&record.volume).expect("live");
+            let replaced = volume.map.get(chunk);
+            volume.map.set(
+                chunk,
+                Some(ChunkEntry {
+                    physical: *physical,
+                    written: u16::MAX,
+                }),
+            );
+            state.dirty_chunks.insert((record.volume, chunk));
+            if let Some(old) = replaced {
+                assert_ne!(old.physical, *physical, "a fresh chunk was already mapped");
+                state.deferred_frees.push(old.physical);
+            }
+            state.fresh_since_checkpoint.insert(*physical);
+            for bit in 0..BLOCKS_PER_CHUNK {
+                let physical_block = *physical as u64 * BLOCKS_PER_CHUNK + bit;
+                let crc = block_crcs[index * BLOCKS_PER_CHUNK as usize + bit as usize];
+                state
+                    .checksums
+                    .set(&self.file, &self.layout, physical_block, crc)
+                    .map_err(|error| format!("loading checksums failed: {error}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes checksums, flushes, and commits maps and the journal start;
+    /// then releases the chunks freed before it. Never runs during an apply
+    /// pass, so it always sees the maps at a record boundary.
     pub fn checkpoint(&self) -> Result<(), StoreError> {
+        let _applying = self
+            .apply_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.checkpoint_holding_apply_lock()
+    }
+
+    fn checkpoint_holding_apply_lock(&self) -> Result<(), StoreError> {
         let _metadata = self
             .metadata_lock
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (changes, pages, checkpoint) = {
+        let (changes, pages, checkpoint, freed) = {
             let mut state = self.lock();
+            // Chunks freed so far; they stay listed (and count as coming
+            // back, for writers waiting for space) until the commit.
+            let freed = state.deferred_frees.len();
             let keys: Vec<_> = state.dirty_chunks.drain().collect();
             let changes: Vec<_> = keys
                 .into_iter()
@@ -302,11 +413,11 @@ impl Engine {
                 })
                 .collect();
             let checkpoint = Checkpoint {
-                epoch: self.epoch,
+                epoch: state.checkpoint_epoch,
                 position: state.applied_position,
                 next_sequence: state.applied_sequence + 1,
             };
-            (changes, state.checksums.collect_dirty(), checkpoint)
+            (changes, state.checksums.collect_dirty(), checkpoint, freed)
         };
         let result = ChecksumTable::write_pages(&self.file, &self.layout, &pages)
             .and_then(|()| self.file.sync_data())
@@ -319,6 +430,11 @@ impl Engine {
         }
         state.tail = checkpoint.position;
         state.checksums.mark_clean(&pages);
+        state.fresh_since_checkpoint.clear();
+        let released: Vec<u32> = state.deferred_frees.drain(..freed).collect();
+        for physical in released {
+            state.allocator.free(physical);
+        }
         state.validate(self.layout.journal_bytes);
         self.changed.notify_all();
         Ok(())

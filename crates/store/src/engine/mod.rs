@@ -75,6 +75,16 @@ pub struct State {
     /// Chunks promised to unapplied records; never more than free.
     pub reserved_chunks: u64,
     pub checksums: ChecksumTable,
+    /// Chunks no longer mapped, returned to the allocator only after the
+    /// next checkpoint commits maps without them: a crash before it replays
+    /// from maps that still point there, so they must keep their data.
+    pub deferred_frees: Vec<u32>,
+    /// Chunks filled by redirects applied since the last checkpoint: no
+    /// in-place write may touch them before the next one.
+    pub fresh_since_checkpoint: HashSet<u32>,
+    /// The epoch the next checkpoint records: the old one while replaying
+    /// (the records after it are the old epoch's), this session's after.
+    pub checkpoint_epoch: u64,
     /// Map entries changed since the last checkpoint.
     pub dirty_chunks: HashSet<(VolumeId, u64)>,
 }
@@ -101,6 +111,9 @@ impl State {
             allocator: Allocator::new(layout.chunk_count),
             reserved_chunks: 0,
             checksums: ChecksumTable::new(CACHE_PAGES_MAX),
+            deferred_frees: Vec::new(),
+            fresh_since_checkpoint: HashSet::new(),
+            checkpoint_epoch: 0,
             dirty_chunks: HashSet::new(),
         }
     }
@@ -108,7 +121,9 @@ impl State {
     /// The invariants between the journal counters. Cheap; called after
     /// every change of them.
     pub fn validate(&self, journal_bytes: u64) {
-        assert!(self.applied_sequence <= self.durable_sequence);
+        // Redirects may be applied once written, before they are durable;
+        // everything else only once durable (see `apply`).
+        assert!(self.applied_sequence <= self.written_sequence);
         assert!(self.durable_sequence <= self.written_sequence);
         assert!(self.written_sequence < self.next_sequence);
         assert!(self.tail <= self.applied_position && self.applied_position <= self.head);

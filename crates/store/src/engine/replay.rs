@@ -11,8 +11,11 @@
 //! records later.
 
 use super::{Engine, State, VolumeState};
-use crate::journal::{block_crcs, data_crc, RecordHeader, RecordKind, HEADER_BYTES};
+use crate::journal::{
+    block_crcs, data_crc, decode_redirect_payload, RecordHeader, RecordKind, HEADER_BYTES,
+};
 use crate::layout::Layout;
+use crate::layout::{BLOCKS_PER_CHUNK, CHUNK_BYTES};
 use crate::metadata::{Loaded, Metadata};
 use crate::record::{Record, RecordBody};
 use crate::StoreError;
@@ -76,6 +79,7 @@ pub fn open_engine(
     state.applied_sequence = checkpoint.next_sequence - 1;
     state.written_sequence = state.applied_sequence;
     state.durable_sequence = state.applied_sequence;
+    state.checkpoint_epoch = checkpoint.epoch;
     let engine = Arc::new(Engine {
         pool_name: loaded.pool.name.clone(),
         file,
@@ -94,6 +98,7 @@ pub fn open_engine(
     });
     let replayed = engine.replay(checkpoint.epoch)?;
     engine.apply_all(false)?;
+    engine.lock().checkpoint_epoch = engine.epoch;
     engine.checkpoint()?;
     if replayed > 0 {
         tracing::info!(pool = %engine.pool_name, records = replayed, "replayed the journal");
@@ -102,6 +107,39 @@ pub fn open_engine(
 }
 
 impl Engine {
+    /// A redirect replays only if its fresh chunks are free and hold the data
+    /// its crcs describe (the header may have reached the disk before the
+    /// data). They are then marked used at once, so that no record replayed
+    /// before it can be given them.
+    fn fresh_chunks_hold(
+        &self,
+        state: &mut State,
+        fresh_chunks: &[u32],
+        crcs: &[u32],
+    ) -> Result<bool, StoreError> {
+        let mut data = vec![0u8; CHUNK_BYTES as usize];
+        for (index, physical) in fresh_chunks.iter().enumerate() {
+            if *physical as u64 >= self.layout.chunk_count || state.allocator.is_used(*physical) {
+                return Ok(false);
+            }
+            self.file
+                .read_exact_at(
+                    &mut data,
+                    self.layout.data_offset + *physical as u64 * CHUNK_BYTES,
+                )
+                .map_err(|error| StoreError::io("reading redirected data", error))?;
+            let expected =
+                &crcs[index * BLOCKS_PER_CHUNK as usize..(index + 1) * BLOCKS_PER_CHUNK as usize];
+            if block_crcs(&data) != expected {
+                return Ok(false);
+            }
+        }
+        for physical in fresh_chunks {
+            state.allocator.mark_used(*physical);
+        }
+        Ok(true)
+    }
+
     /// Reads valid records after the checkpoint into the unapplied queue.
     fn replay(&self, epoch: u64) -> Result<u64, StoreError> {
         let journal_size = self.layout.journal_bytes;
@@ -147,6 +185,31 @@ impl Engine {
                         RecordBody::Write {
                             data,
                             block_crcs: crcs,
+                            fresh_chunks: Vec::new(),
+                        },
+                        header.journal_bytes(),
+                    )
+                }
+                RecordKind::Redirect
+                    if header.block_count > 0 && header.journal_bytes() <= lap_left =>
+                {
+                    let mut payload = vec![0u8; header.data_bytes() as usize];
+                    self.file
+                        .read_exact_at(&mut payload, physical + HEADER_BYTES)
+                        .map_err(|error| StoreError::io("reading the journal", error))?;
+                    if crc32c::crc32c(&payload) != header.data_crc {
+                        break;
+                    }
+                    let (fresh_chunks, crcs) =
+                        decode_redirect_payload(&payload, header.block_count);
+                    if !self.fresh_chunks_hold(&mut state, &fresh_chunks, &crcs)? {
+                        break;
+                    }
+                    (
+                        RecordBody::Write {
+                            data: Vec::new(),
+                            block_crcs: crcs,
+                            fresh_chunks,
                         },
                         header.journal_bytes(),
                     )

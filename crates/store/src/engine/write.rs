@@ -4,10 +4,14 @@
 //! every record written before it started).
 
 use super::{Engine, State};
-use crate::journal::{block_crcs, record_journal_bytes, HEADER_BYTES, RECORD_MAX_DATA_BYTES};
-use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
+use crate::journal::{
+    block_crcs, encode_redirect_payload, record_journal_bytes, redirect_payload_bytes,
+    HEADER_BYTES, RECORD_MAX_DATA_BYTES,
+};
+use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES, CHUNK_BYTES};
 use crate::record::{Record, RecordBody};
 use std::io::IoSlice;
+use std::os::unix::fs::FileExt;
 use std::sync::{Arc, MutexGuard};
 use trireme_types::{Attempt, TargetError, VolumeId};
 
@@ -160,6 +164,7 @@ impl Engine {
             let body = RecordBody::Write {
                 data: piece,
                 block_crcs,
+                fresh_chunks: Vec::new(),
             };
             last_sequence = self.append_blocking(volume, block, block_count, body)?;
             block += block_count;
@@ -255,7 +260,11 @@ impl Engine {
         }
         let block_count = data.len() as u64 / BLOCK_BYTES;
         let block_crcs = block_crcs(&data);
-        let body = RecordBody::Write { data, block_crcs };
+        let body = RecordBody::Write {
+            data,
+            block_crcs,
+            fresh_chunks: Vec::new(),
+        };
         match self.append(volume, offset / BLOCK_BYTES, block_count, body, false) {
             Ok(Admission::Admitted(_)) => Attempt::Done(Ok(())),
             Ok(Admission::WouldWait(RecordBody::Write { data, .. })) => Attempt::WouldBlock(data),
@@ -304,18 +313,30 @@ impl Engine {
         volume: VolumeId,
         first_block: u64,
         block_count: u64,
-        body: RecordBody,
+        mut body: RecordBody,
         blocking: bool,
     ) -> Result<Admission, TargetError> {
         let data_bytes = match &body {
             RecordBody::Write { data, .. } => data.len() as u64,
             _ => 0,
         };
-        let journal_bytes = record_journal_bytes(data_bytes);
+        let whole_chunks = matches!(body, RecordBody::Write { .. })
+            && first_block.is_multiple_of(BLOCKS_PER_CHUNK)
+            && block_count.is_multiple_of(BLOCKS_PER_CHUNK);
         let journal_size = self.layout.journal_bytes;
         let mut state = self.lock();
-        let reserve = loop {
+        let (redirect, journal_bytes, reserve) = loop {
             state.check_usable()?;
+            // Whole chunks go to fresh chunks when there are enough; in a
+            // full pool they overwrite in place through the journal instead,
+            // which needs no new space.
+            let available = state.allocator.free_count() - state.reserved_chunks;
+            let redirect = whole_chunks && available >= block_count / BLOCKS_PER_CHUNK;
+            let journal_bytes = if redirect {
+                record_journal_bytes(redirect_payload_bytes(block_count))
+            } else {
+                record_journal_bytes(data_bytes)
+            };
             let volume_state = state.live_volume(volume)?;
             if (first_block + block_count) * BLOCK_BYTES > volume_state.record.size_bytes {
                 return Err(TargetError::Invalid(
@@ -339,14 +360,15 @@ impl Engine {
                 state = self.wait_for_applier(state);
                 continue;
             }
-            let reserve = match body {
+            let needed = match body {
+                RecordBody::Write { .. } if redirect => block_count / BLOCKS_PER_CHUNK,
                 RecordBody::Write { .. } => {
                     chunks_to_reserve(&state, volume, first_block, block_count)
                 }
                 _ => 0,
             };
-            if state.allocator.free_count() - state.reserved_chunks < reserve {
-                if !state.unapplied.is_empty() {
+            if state.allocator.free_count() - state.reserved_chunks < needed {
+                if !state.unapplied.is_empty() || !state.deferred_frees.is_empty() {
                     // Pending trims may free chunks, and pending writes may
                     // hold reservations they turn out not to need.
                     if !blocking {
@@ -360,8 +382,21 @@ impl Engine {
                     pool: self.pool_name.to_string(),
                 });
             }
-            break reserve;
+            break (redirect, journal_bytes, if redirect { 0 } else { needed });
         };
+        if redirect {
+            let RecordBody::Write { fresh_chunks, .. } = &mut body else {
+                unreachable!("redirects are writes")
+            };
+            *fresh_chunks = (0..block_count / BLOCKS_PER_CHUNK)
+                .map(|_| {
+                    state
+                        .allocator
+                        .allocate()
+                        .expect("free chunks were counted")
+                })
+                .collect();
+        }
         let lap_left = journal_size - state.head % journal_size;
         if journal_bytes > lap_left {
             let sequence = state.next_sequence;
@@ -416,17 +451,44 @@ impl Engine {
         self.wait(state)
     }
 
-    /// Writes consecutive records (headers and data) with one system call.
+    /// Writes consecutive records (headers and data) with one system call,
+    /// after writing the data of redirects to their fresh chunks. Replay
+    /// checks that data against the record's crcs, as the kernel may write
+    /// the header back before the data.
     fn write_batch(&self, batch: &[Arc<Record>]) -> std::io::Result<()> {
         let headers: Vec<[u8; HEADER_BYTES as usize]> = batch
             .iter()
             .map(|record| record.header(self.pool_salt, self.epoch).encode())
             .collect();
+        let mut payloads = Vec::new();
+        for record in batch {
+            if let RecordBody::Write {
+                data,
+                block_crcs,
+                fresh_chunks,
+            } = &record.body
+            {
+                if !fresh_chunks.is_empty() {
+                    self.write_fresh_chunks(data, fresh_chunks)?;
+                    let mut payload = encode_redirect_payload(fresh_chunks, block_crcs);
+                    // Records are laid out at 64-byte boundaries.
+                    payload.resize((record.journal_bytes - HEADER_BYTES) as usize, 0);
+                    payloads.push(payload);
+                }
+            }
+        }
+        let mut payloads = payloads.iter();
         let mut slices = Vec::with_capacity(batch.len() * 2);
         for (record, header) in batch.iter().zip(&headers) {
             slices.push(IoSlice::new(header));
-            if let RecordBody::Write { data, .. } = &record.body {
-                slices.push(IoSlice::new(data));
+            match &record.body {
+                RecordBody::Write { fresh_chunks, .. } if !fresh_chunks.is_empty() => {
+                    slices.push(IoSlice::new(
+                        payloads.next().expect("one payload per redirect"),
+                    ));
+                }
+                RecordBody::Write { data, .. } => slices.push(IoSlice::new(data)),
+                _ => {}
             }
         }
         write_all_vectored_at(
@@ -434,6 +496,24 @@ impl Engine {
             &mut slices,
             self.journal_physical(batch[0].position),
         )
+    }
+
+    /// Writes whole chunks of data to their fresh chunks, one system call
+    /// per run of consecutive chunks (sequential writes get consecutive ones).
+    fn write_fresh_chunks(&self, data: &[u8], fresh_chunks: &[u32]) -> std::io::Result<()> {
+        let chunk = CHUNK_BYTES as usize;
+        let mut start = 0;
+        while start < fresh_chunks.len() {
+            let mut end = start + 1;
+            while end < fresh_chunks.len() && fresh_chunks[end] == fresh_chunks[end - 1] + 1 {
+                end += 1;
+            }
+            let offset = self.layout.data_offset + fresh_chunks[start] as u64 * CHUNK_BYTES;
+            self.file
+                .write_all_at(&data[start * chunk..end * chunk], offset)?;
+            start = end;
+        }
+        Ok(())
     }
 
     /// Makes every write completed before this call durable.

@@ -55,8 +55,10 @@ impl TestPool {
     pub fn crash_files(&self) -> tempfile::TempDir {
         let copy = tempfile::tempdir().expect("temp dir");
         std::fs::create_dir_all(copy.path().join("meta")).unwrap();
-        std::fs::copy(self.device(), copy.path().join("pool.img")).unwrap();
-        std::fs::copy(self.metadata(), copy.path().join("meta/metadata.redb")).unwrap();
+        self.pool.while_quiesced(|| {
+            std::fs::copy(self.metadata(), copy.path().join("meta/metadata.redb")).unwrap();
+            std::fs::copy(self.device(), copy.path().join("pool.img")).unwrap();
+        });
         copy
     }
 }
