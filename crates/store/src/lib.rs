@@ -11,6 +11,7 @@
 //! Modules:
 //! - [`error`]: `StoreError`, one enum for every pool and volume operation.
 //! - `layout`: the superblock and where each region starts.
+//! - `device`: opening, creating, sizing and locking the pool's device.
 //! - `journal`: the on-disk record format.
 //! - `record`, `overlay`: records in memory, and which blocks they cover.
 //! - `metadata`: redb tables (pool, volumes, chunk maps, checkpoint).
@@ -22,6 +23,7 @@
 
 mod checksums;
 mod chunk_map;
+mod device;
 mod engine;
 pub mod error;
 mod journal;

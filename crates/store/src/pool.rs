@@ -1,12 +1,16 @@
 //! [`Pool`]: create, open and manage a storage pool and its volumes.
 
+use crate::device::{
+    allocate_space, device_size, file_is_block_device, fill_zeros, lock_exclusive,
+    open_or_create_device, random_u128,
+};
 use crate::engine::{open_engine, run_applier, run_journal_writer, Engine, VolumeState};
 use crate::layout::{Layout, Superblock, CHUNK_BYTES, SUPERBLOCK_BYTES};
 use crate::metadata::{Metadata, PoolRecord, VolumeRecord};
 use crate::{StoreError, Volume};
 use serde::Serialize;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -589,146 +593,4 @@ fn check_volume_size(size_bytes: u64) -> Result<(), StoreError> {
         return Err(StoreError::SizeUnaligned(size_bytes));
     }
     Ok(())
-}
-
-/// Opens an existing device or file, or creates a file of `size_bytes`.
-/// Returns the file, its size, and whether it was created here.
-fn open_or_create_device(
-    path: &Path,
-    size_bytes: Option<u64>,
-) -> Result<(File, u64, bool), StoreError> {
-    let opening = |error| StoreError::io(format!("opening {}", path.display()), error);
-    if path.exists() {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(opening)?;
-        lock_exclusive(&file, path)?;
-        let mut block = vec![0u8; SUPERBLOCK_BYTES as usize];
-        if file.read_exact_at(&mut block, 0).is_ok() && Superblock::decode(path, &block).is_ok() {
-            return Err(StoreError::AlreadyAPool {
-                path: path.to_path_buf(),
-            });
-        }
-        let mut size = device_size(&file).map_err(opening)?;
-        if !file_is_block_device(&file) {
-            if let Some(wanted) = size_bytes.filter(|wanted| *wanted > size) {
-                file.set_len(wanted)
-                    .map_err(|error| StoreError::io(format!("sizing {}", path.display()), error))?;
-                size = wanted;
-            }
-        }
-        if size == 0 {
-            return Err(StoreError::SizeNeeded {
-                path: path.to_path_buf(),
-            });
-        }
-        return Ok((file, size, false));
-    }
-    let size = size_bytes.ok_or_else(|| StoreError::SizeNeeded {
-        path: path.to_path_buf(),
-    })?;
-    if size < crate::layout::POOL_MIN_BYTES {
-        return Err(StoreError::PoolTooSmall {
-            size_bytes: size,
-            minimum_bytes: crate::layout::POOL_MIN_BYTES,
-        });
-    }
-    if let Some(parent) = path
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty())
-    {
-        std::fs::create_dir_all(parent)
-            .map_err(|error| StoreError::io(format!("creating {}", parent.display()), error))?;
-    }
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .map_err(|error| StoreError::io(format!("creating {}", path.display()), error))?;
-    lock_exclusive(&file, path)?;
-    file.set_len(size)
-        .map_err(|error| StoreError::io(format!("sizing {}", path.display()), error))?;
-    Ok((file, size, true))
-}
-
-fn file_is_block_device(file: &File) -> bool {
-    file.metadata()
-        .map(|metadata| metadata.file_type().is_block_device())
-        .unwrap_or(false)
-}
-
-fn device_size(file: &File) -> std::io::Result<u64> {
-    use std::io::{Seek, SeekFrom};
-    // Seeking to the end sizes both files and block devices.
-    let mut handle = file;
-    let size = handle.seek(SeekFrom::End(0))?;
-    handle.seek(SeekFrom::Start(0))?;
-    Ok(size)
-}
-
-fn fill_zeros(file: &File, bytes: u64) -> std::io::Result<()> {
-    const PIECE_BYTES: u64 = 1 << 20;
-    let zeros = vec![0u8; PIECE_BYTES as usize];
-    let mut offset = 0;
-    while offset < bytes {
-        let length = (bytes - offset).min(PIECE_BYTES);
-        file.write_all_at(&zeros[..length as usize], offset)?;
-        offset += length;
-    }
-    file.sync_data()
-}
-
-fn allocate_space(file: &File, bytes: u64) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: plain system call on an open descriptor.
-    let result = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, bytes as libc::off_t) };
-    if result == 0 {
-        return Ok(());
-    }
-    let error = std::io::Error::last_os_error();
-    // File systems without fallocate (tmpfs has it; some FUSE ones do not)
-    // still work, only without the reservation.
-    if error.raw_os_error() == Some(libc::EOPNOTSUPP) {
-        return Ok(());
-    }
-    Err(error)
-}
-
-/// One process per pool: a second `trireme` on the same device would
-/// corrupt it.
-fn lock_exclusive(file: &File, path: &Path) -> Result<(), StoreError> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: plain system call on an open descriptor.
-    let result = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if result != 0 {
-        return Err(StoreError::io(
-            format!(
-                "locking {} (is another trireme process using it?)",
-                path.display()
-            ),
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
-}
-
-fn random_u128() -> u128 {
-    use std::hash::{BuildHasher, Hasher};
-    // RandomState is seeded from the OS's random source; two hashers give
-    // 128 random bits without another dependency.
-    let mut value = 0u128;
-    for round in 0..2u64 {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u64(round);
-        hasher.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
-        value = (value << 64) | hasher.finish() as u128;
-    }
-    value
 }

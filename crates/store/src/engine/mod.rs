@@ -1,7 +1,8 @@
 //! The engine: one per pool. It owns the device, the journal state, the
 //! chunk maps, the checksum cache and the metadata database.
 //!
-//! - `write`: requests become journal records (write → journal → ack).
+//! - `write`: requests become journal records (admit → ack; flush).
+//! - `journal_writer`: the thread that writes records to the journal.
 //! - `read`: reads and block status, from pending records or in place.
 //! - `apply`: the background thread: make durable, apply, checkpoint.
 //! - `replay`: rebuild state from the journal when a pool opens.
@@ -11,13 +12,14 @@
 //! (journal writes, reads of data) happens outside the lock.
 
 mod apply;
+mod journal_writer;
 mod read;
 mod replay;
 mod write;
 
 pub use apply::run_applier;
+pub use journal_writer::run_journal_writer;
 pub use replay::open_engine;
-pub use write::run_journal_writer;
 
 use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
 use crate::chunk_map::{Allocator, VolumeMap};

@@ -1,17 +1,15 @@
-//! The write path: a request becomes journal records, written with one
-//! `pwritev` each and acknowledged once in the journal file; FUA and FLUSH
-//! wait for a device flush that covers them (group commit: one flush serves
-//! every record written before it started).
+//! The write path: a request becomes a journal record, admitted (space,
+//! memory and chunks reserved, visible to reads) and then acknowledged; the
+//! journal writer thread puts it in the file. FUA and FLUSH wait for a
+//! device flush that covers them (group commit: one flush serves every
+//! record written before it started).
 
 use super::{Engine, State};
 use crate::journal::{
-    block_crcs, encode_redirect_payload, record_journal_bytes, redirect_payload_bytes,
-    HEADER_BYTES, RECORD_MAX_DATA_BYTES,
+    block_crcs, record_journal_bytes, redirect_payload_bytes, RECORD_MAX_DATA_BYTES,
 };
-use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES, CHUNK_BYTES};
+use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
 use crate::record::{Record, RecordBody};
-use std::io::IoSlice;
-use std::os::unix::fs::FileExt;
 use std::sync::{Arc, MutexGuard};
 use trireme_types::{Attempt, TargetError, VolumeId};
 
@@ -20,67 +18,6 @@ enum Admission {
     Admitted(u64),
     WouldWait(RecordBody),
 }
-
-/// The journal writer thread: writes admitted records in order, as many
-/// per `pwritev` as are waiting, so one system call serves many requests and
-/// only one thread ever takes the file's write lock for the journal.
-pub fn run_journal_writer(engine: Arc<Engine>) {
-    let mut state = engine.lock();
-    loop {
-        if state.failed.is_some() {
-            return;
-        }
-        let unwritten = state.next_sequence - 1 - state.written_sequence;
-        if unwritten == 0 {
-            if state.shutting_down {
-                return;
-            }
-            state.journal_idle = true;
-            state = engine
-                .journal_wake
-                .wait(state)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            state.journal_idle = false;
-            continue;
-        }
-        let first_unwritten = (state.written_sequence - state.applied_sequence) as usize;
-        let mut batch = Vec::new();
-        let mut bytes = 0;
-        for record in state.unapplied.range(first_unwritten..) {
-            batch.push(record.clone());
-            bytes += record.data_bytes();
-            // The record after a pad starts the next lap: not contiguous.
-            let full = batch.len() >= JOURNAL_BATCH_MAX_RECORDS || bytes >= JOURNAL_BATCH_MAX_BYTES;
-            if full || matches!(record.body, RecordBody::Pad) {
-                break;
-            }
-        }
-        drop(state);
-        let result = engine.write_batch(&batch);
-        state = engine.lock();
-        match result {
-            Ok(()) => {
-                let last = batch.last().expect("a batch has a record");
-                assert_eq!(last.sequence, state.written_sequence + batch.len() as u64);
-                state.written_sequence = last.sequence;
-            }
-            Err(error) => {
-                // A hole in the journal would cut off every later record.
-                let offset = engine.journal_physical(batch[0].position);
-                engine.fail(
-                    &mut state,
-                    format!("journal write at byte {offset} failed: {error}"),
-                );
-            }
-        }
-        engine.changed.notify_all();
-    }
-}
-
-/// Records per journal batch: two iovecs each, within the kernel's IOV_MAX.
-const JOURNAL_BATCH_MAX_RECORDS: usize = 512;
-const JOURNAL_BATCH_MAX_BYTES: u64 = 8 << 20;
-const IOV_MAX: usize = 1024;
 
 impl Engine {
     pub fn write(
@@ -451,71 +388,6 @@ impl Engine {
         self.wait(state)
     }
 
-    /// Writes consecutive records (headers and data) with one system call,
-    /// after writing the data of redirects to their fresh chunks. Replay
-    /// checks that data against the record's crcs, as the kernel may write
-    /// the header back before the data.
-    fn write_batch(&self, batch: &[Arc<Record>]) -> std::io::Result<()> {
-        let headers: Vec<[u8; HEADER_BYTES as usize]> = batch
-            .iter()
-            .map(|record| record.header(self.pool_salt, self.epoch).encode())
-            .collect();
-        let mut payloads = Vec::new();
-        for record in batch {
-            if let RecordBody::Write {
-                data,
-                block_crcs,
-                fresh_chunks,
-            } = &record.body
-            {
-                if !fresh_chunks.is_empty() {
-                    self.write_fresh_chunks(data, fresh_chunks)?;
-                    let mut payload = encode_redirect_payload(fresh_chunks, block_crcs);
-                    // Records are laid out at 64-byte boundaries.
-                    payload.resize((record.journal_bytes - HEADER_BYTES) as usize, 0);
-                    payloads.push(payload);
-                }
-            }
-        }
-        let mut payloads = payloads.iter();
-        let mut slices = Vec::with_capacity(batch.len() * 2);
-        for (record, header) in batch.iter().zip(&headers) {
-            slices.push(IoSlice::new(header));
-            match &record.body {
-                RecordBody::Write { fresh_chunks, .. } if !fresh_chunks.is_empty() => {
-                    slices.push(IoSlice::new(
-                        payloads.next().expect("one payload per redirect"),
-                    ));
-                }
-                RecordBody::Write { data, .. } => slices.push(IoSlice::new(data)),
-                _ => {}
-            }
-        }
-        write_all_vectored_at(
-            &self.file,
-            &mut slices,
-            self.journal_physical(batch[0].position),
-        )
-    }
-
-    /// Writes whole chunks of data to their fresh chunks, one system call
-    /// per run of consecutive chunks (sequential writes get consecutive ones).
-    fn write_fresh_chunks(&self, data: &[u8], fresh_chunks: &[u32]) -> std::io::Result<()> {
-        let chunk = CHUNK_BYTES as usize;
-        let mut start = 0;
-        while start < fresh_chunks.len() {
-            let mut end = start + 1;
-            while end < fresh_chunks.len() && fresh_chunks[end] == fresh_chunks[end - 1] + 1 {
-                end += 1;
-            }
-            let offset = self.layout.data_offset + fresh_chunks[start] as u64 * CHUNK_BYTES;
-            self.file
-                .write_all_at(&data[start * chunk..end * chunk], offset)?;
-            start = end;
-        }
-        Ok(())
-    }
-
     /// Makes every write completed before this call durable.
     pub fn flush(&self) -> Result<(), TargetError> {
         let target = self.lock().next_sequence - 1;
@@ -571,42 +443,4 @@ fn chunks_to_reserve(state: &State, volume: VolumeId, first_block: u64, block_co
                     .has_zero_in(chunk * BLOCKS_PER_CHUNK, (chunk + 1) * BLOCKS_PER_CHUNK)
         })
         .count() as u64
-}
-
-/// `pwritev` until every slice is written.
-fn write_all_vectored_at(
-    file: &std::fs::File,
-    mut slices: &mut [IoSlice<'_>],
-    mut offset: u64,
-) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    while !slices.is_empty() {
-        let count = slices.len().min(IOV_MAX);
-        // SAFETY: IoSlice is ABI-compatible with iovec, and the slices live
-        // for the whole call.
-        let written = unsafe {
-            libc::pwritev(
-                file.as_raw_fd(),
-                slices.as_ptr() as *const libc::iovec,
-                count as libc::c_int,
-                offset as libc::off_t,
-            )
-        };
-        if written < 0 {
-            let error = std::io::Error::last_os_error();
-            if error.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(error);
-        }
-        if written == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::WriteZero,
-                "pwritev wrote nothing",
-            ));
-        }
-        offset += written as u64;
-        IoSlice::advance_slices(&mut slices, written as usize);
-    }
-    Ok(())
 }
