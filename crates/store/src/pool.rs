@@ -268,16 +268,10 @@ impl Pool {
                 .map_or(0, |elapsed| elapsed.as_secs()),
         };
         let id = self.engine.metadata.add_volume(&record)?;
-        self.engine.lock().volumes.insert(
-            id,
-            VolumeState {
-                record,
-                map: Default::default(),
-                overlay: Default::default(),
-                deleted: false,
-                checksum_errors: 0,
-            },
-        );
+        self.engine
+            .lock()
+            .volumes
+            .insert(id, VolumeState::new(record));
         self.volume_info(name)
     }
 

@@ -45,6 +45,19 @@ pub struct VolumeState {
     pub checksum_errors: u64,
 }
 
+impl VolumeState {
+    /// A volume as loaded or just created: nothing mapped, nothing pending.
+    pub fn new(record: VolumeRecord) -> VolumeState {
+        VolumeState {
+            record,
+            map: VolumeMap::default(),
+            overlay: Overlay::default(),
+            deleted: false,
+            checksum_errors: 0,
+        }
+    }
+}
+
 pub struct State {
     /// Set when the device failed in a way that leaves the journal or the
     /// in-place data uncertain: the pool refuses all I/O from then on.

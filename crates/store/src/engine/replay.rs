@@ -34,16 +34,7 @@ pub fn open_engine(
 ) -> Result<Arc<Engine>, StoreError> {
     let mut state = State::new(&layout);
     for (id, record) in loaded.volumes {
-        state.volumes.insert(
-            id,
-            VolumeState {
-                record,
-                map: Default::default(),
-                overlay: Default::default(),
-                deleted: false,
-                checksum_errors: 0,
-            },
-        );
+        state.volumes.insert(id, VolumeState::new(record));
     }
     let mut orphans = std::collections::BTreeSet::new();
     for (volume, chunk, entry) in loaded.chunks {
