@@ -43,7 +43,15 @@ pub struct DaemonConfig {
 }
 
 /// Runs the node until SIGTERM or SIGINT.
-pub async fn run(config: DaemonConfig) -> Result<(), NodeError> {
+pub async fn run(mut config: DaemonConfig) -> Result<(), NodeError> {
+    // Pools record absolute paths, and the node may be started from
+    // anywhere: `--data-dir ./trireme-data` means that directory, for good.
+    config.data_dir = std::path::absolute(&config.data_dir).map_err(|error| {
+        NodeError::io(
+            format!("resolve the data directory {}", config.data_dir.display()),
+            error,
+        )
+    })?;
     let node = Arc::new(start_node(&config).await?);
     let result = serve(&config, node.clone()).await;
     // Also after a failed start (e.g. a port in use): the pools were opened
