@@ -192,9 +192,8 @@ impl Engine {
         if !aligned || data.len() as u64 > RECORD_MAX_DATA_BYTES {
             return Attempt::WouldBlock(data);
         }
-        if let Err(error) = self.check_range(volume, offset, data.len() as u64) {
-            return Attempt::Done(Err(error));
-        }
+        // Admission checks the range and the volume, under the one lock the
+        // write takes.
         let block_count = data.len() as u64 / BLOCK_BYTES;
         let block_crcs = block_crcs(&data);
         let body = RecordBody::Write {
@@ -275,10 +274,13 @@ impl Engine {
                 record_journal_bytes(data_bytes)
             };
             let volume_state = state.live_volume(volume)?;
-            if (first_block + block_count) * BLOCK_BYTES > volume_state.record.size_bytes {
-                return Err(TargetError::Invalid(
-                    "write past the end of the volume".into(),
-                ));
+            let size = volume_state.record.size_bytes;
+            if (first_block + block_count) * BLOCK_BYTES > size {
+                return Err(TargetError::Invalid(format!(
+                    "range {}+{} is past the end of the volume ({size} bytes)",
+                    first_block * BLOCK_BYTES,
+                    block_count * BLOCK_BYTES
+                )));
             }
             let lap_left = journal_size - state.head % journal_size;
             let pad = if journal_bytes > lap_left {
