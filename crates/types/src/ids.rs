@@ -159,12 +159,13 @@ mod tests {
     }
 
     #[test]
-    fn names_deserialize_only_when_valid() {
-        let ok: Result<VolumeName, _> = serde_json_like("demo");
-        assert!(ok.is_ok());
-    }
-
-    fn serde_json_like(text: &str) -> Result<VolumeName, NameError> {
-        VolumeName::try_from(text.to_string())
+    fn names_from_strings_go_through_the_same_check() {
+        // serde deserializes names through TryFrom<String>.
+        assert!(VolumeName::try_from("demo".to_string()).is_ok());
+        assert!(matches!(
+            PoolName::try_from("bad name".to_string()),
+            Err(NameError::BadCharacter { character: ' ', .. })
+        ));
+        assert!("".parse::<VolumeName>().is_err());
     }
 }
