@@ -11,12 +11,10 @@ use std::time::{Duration, Instant};
 #[test]
 fn node_run_demo_with_a_relative_data_dir_serves_the_demo_volume() {
     let work = TempDir::new("quickstart");
-    let (nbd_port, api_port) = (free_port(), free_port());
     let mut child = std::process::Command::new(trireme_bin())
         .current_dir(work.path())
         .args(["node", "run", "--data-dir", "./trireme-data", "--demo"])
-        .arg(format!("--nbd-listen=127.0.0.1:{nbd_port}"))
-        .arg(format!("--api-listen=127.0.0.1:{api_port}"))
+        .args(["--nbd-listen=127.0.0.1:0", "--api-listen=127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -42,6 +40,11 @@ fn node_run_demo_with_a_relative_data_dir_serves_the_demo_volume() {
             }
         }
     }
+    let ready = printed
+        .iter()
+        .find(|line| is_ready_line(line))
+        .expect("seen");
+    let (_, nbd_port) = ready_ports(ready).expect("ports in the ready line");
     let address = format!("nbd://127.0.0.1:{nbd_port}/demo");
     let told = printed.iter().any(|line| line.contains(&address));
     let info = exec(

@@ -64,6 +64,17 @@ pub fn missing_tools(tools: &[&str]) -> Option<String> {
     }
 }
 
+/// The API and NBD ports from a line like
+/// `trireme node ready: api http://127.0.0.1:P nbd 127.0.0.1:Q unix ...`.
+pub fn ready_ports(line: &str) -> Option<(u16, u16)> {
+    let port_after = |key: &str| -> Option<u16> {
+        let rest = &line[line.find(key)? + key.len()..];
+        let address = rest.split_whitespace().next()?;
+        address.rsplit(':').next()?.parse().ok()
+    };
+    Some((port_after("api http://")?, port_after(" nbd ")?))
+}
+
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -398,12 +409,8 @@ impl TestNode {
     fn launch(&mut self) {
         assert!(self.child.is_none());
         self.starts += 1;
-        // New ports at each start: a killed node's ports may linger.
-        self.nbd_port = free_port();
-        self.api_port = free_port();
-        while self.api_port == self.nbd_port {
-            self.api_port = free_port();
-        }
+        // Port 0: the kernel picks free ports and the ready line names them,
+        // so no other test can take a port between choosing and binding it.
         let data = self.data_dir();
         std::fs::create_dir_all(&data).unwrap();
         let log = std::fs::File::create(self.log_path()).unwrap();
@@ -411,11 +418,11 @@ impl TestNode {
         c.args(["node", "run", "--data-dir"])
             .arg(&data)
             .arg("--nbd-listen")
-            .arg(format!("127.0.0.1:{}", self.nbd_port))
+            .arg("127.0.0.1:0")
             .arg("--nbd-socket")
             .arg(data.join("nbd.sock"))
             .arg("--api-listen")
-            .arg(format!("127.0.0.1:{}", self.api_port))
+            .arg("127.0.0.1:0")
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -437,24 +444,23 @@ impl TestNode {
                     let _ = writeln!(l, "[stdout] {line}");
                 }
                 if !sent && is_ready_line(&line) {
-                    let _ = tx.send(());
+                    let _ = tx.send(line.clone());
                     sent = true;
                 }
             }
         });
         self.child = Some(child);
         match rx.recv_timeout(READY_TIMEOUT) {
-            Ok(()) => {}
+            Ok(line) => {
+                let (api_port, nbd_port) = ready_ports(&line)
+                    .unwrap_or_else(|| panic!("no ports in the ready line: {line}"));
+                self.api_port = api_port;
+                self.nbd_port = nbd_port;
+            }
             Err(_) => {
                 let status = self.child.as_mut().unwrap().try_wait().ok().flatten();
                 let log = self.log_tail();
                 self.kill9();
-                // Another test may have taken a port between free_port() and
-                // the bind: try again with new ports, a few times.
-                if status.is_some() && log.contains("in use") && self.starts < 20 {
-                    eprintln!("node start: port taken, retrying with new ports");
-                    return self.launch();
-                }
                 panic!(
                     "node did not print \"ready\" within {READY_TIMEOUT:?} (exit: {status:?})\ncommand: {what}\n--- node log ---\n{log}"
                 );
