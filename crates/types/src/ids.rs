@@ -30,6 +30,11 @@ id_type!(
     /// A pool's identity on one node; never reused after deletion.
     PoolId
 );
+id_type!(
+    /// A node's identity in its cluster: its Raft id, given at join and never
+    /// reused.
+    NodeId
+);
 
 /// The longest name accepted for a pool or a volume. NBD export names and
 /// file-system paths stay short and printable with this bound.
@@ -131,6 +136,16 @@ name_type!(
     /// A storage pool's name, unique on its node.
     PoolName,
     "pool"
+);
+name_type!(
+    /// A node's name, unique in its cluster (the host name by default).
+    NodeName,
+    "node"
+);
+name_type!(
+    /// A resource group's name: the template a volume is placed by.
+    GroupName,
+    "resource group"
 );
 
 #[cfg(test)]

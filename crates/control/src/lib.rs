@@ -1,0 +1,18 @@
+//! trireme's control plane: the cluster's desired state, replicated by Raft
+//! to every node.
+//!
+//! - [`model`]: the state itself: nodes, pools, resource groups, volumes and
+//!   their placement.
+//! - [`command`]: the commands of the replicated log and the pure function
+//!   that applies them (tested without any I/O).
+//! - [`placer`]: the autoplacer, a pure function from candidates and a
+//!   resource group to a placement or a refusal that explains itself.
+//! - [`raft`]: openraft's types and its storage (log, vote, snapshots) in
+//!   the node's `control.redb`.
+pub mod command;
+pub mod model;
+pub mod placer;
+pub mod raft;
+
+pub use command::{Command, CommandError, NodeRegistration, PoolReport, Reply};
+pub use model::*;

@@ -1,0 +1,262 @@
+//! The replicated cluster state: what every node holds a copy of.
+//!
+//! Everything here changes only through [`crate::command::Command`]s applied
+//! in log order, so every node that applied the same log holds the same
+//! state. Times are milliseconds since the Unix epoch, chosen by whoever
+//! proposed the command: applying never reads a clock.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use trireme_types::{DeviceClass, GroupName, NodeId, NodeName, PoolName, VolumeName};
+
+use crate::placer::Placement;
+
+/// The resource group a volume uses when the request names none.
+pub const DEFAULT_GROUP: &str = "default";
+/// Place-count of the default group: three replicas, the usual DRBD/LINSTOR
+/// choice that survives one failure with quorum to spare.
+pub const DEFAULT_PLACE_COUNT: usize = 3;
+/// How long a join request's timestamp stays acceptable; the nonces seen in
+/// this window are remembered, so a replayed join is refused.
+pub const JOIN_WINDOW_MS: u64 = 10 * 60 * 1000;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterState {
+    /// Empty until the bootstrap command is applied.
+    pub cluster_id: String,
+    pub created_ms: u64,
+    pub next_node_id: u64,
+    pub next_volume_id: u64,
+    pub nodes: BTreeMap<NodeId, NodeRecord>,
+    pub groups: BTreeMap<GroupName, ResourceGroup>,
+    pub volumes: BTreeMap<VolumeName, VolumeRecord>,
+    pub settings: ClusterSettings,
+    /// The secret that join tokens carry; every member may verify a join.
+    pub join_secret: String,
+    /// Join nonces accepted within [`JOIN_WINDOW_MS`], with their times.
+    pub join_nonces: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    Online,
+    Offline,
+    /// Offline for longer than the eviction delay: its replicas were placed
+    /// elsewhere. It becomes online again when it heartbeats.
+    Evicted,
+}
+
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Online => "online",
+            NodeState::Offline => "offline",
+            NodeState::Evicted => "evicted",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub id: NodeId,
+    pub name: NodeName,
+    /// `HOST:PORT` of the node's REST API; node-to-node requests use it too.
+    pub api_address: String,
+    /// `HOST:PORT` of the node's NBD server, if it serves TCP.
+    pub nbd_address: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub state: NodeState,
+    pub state_since_ms: u64,
+    pub joined_ms: u64,
+    pub pools: BTreeMap<PoolName, PoolRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolRecord {
+    pub class: DeviceClass,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub online: bool,
+    pub reported_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QuorumPolicy {
+    /// Writes fail with EIO while the volume has no quorum.
+    IoError,
+    /// Writes wait until quorum returns.
+    Suspend,
+}
+
+impl QuorumPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuorumPolicy::IoError => "io-error",
+            QuorumPolicy::Suspend => "suspend",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceGroup {
+    pub name: GroupName,
+    pub place_count: usize,
+    /// Fewest diskful replicas a new volume may start with. The default
+    /// group uses 1, so a one- or two-node cluster can create volumes; other
+    /// groups use their place-count unless told otherwise.
+    pub min_place_count: usize,
+    /// Only these pools (by name) qualify; empty means any.
+    pub pools: Vec<PoolName>,
+    pub class: Option<DeviceClass>,
+    /// Label keys (e.g. `zone`, `rack`): no two diskful replicas share a value.
+    pub replicas_on_different: Vec<String>,
+    pub diskless_on_remaining: bool,
+    pub on_no_quorum: QuorumPolicy,
+}
+
+impl ResourceGroup {
+    pub fn default_group() -> Self {
+        ResourceGroup {
+            name: GroupName::new(DEFAULT_GROUP).expect("the default group's name is valid"),
+            place_count: DEFAULT_PLACE_COUNT,
+            min_place_count: 1,
+            pools: Vec::new(),
+            class: None,
+            replicas_on_different: Vec::new(),
+            diskless_on_remaining: false,
+            on_no_quorum: QuorumPolicy::IoError,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicaKind {
+    /// Holds a full copy of the data.
+    Diskful,
+    /// A member without data (serves I/O through its peers).
+    Diskless,
+    /// A diskless member that only votes, so an even number of diskful
+    /// replicas keeps a majority when one is lost.
+    Tiebreaker,
+}
+
+impl ReplicaKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaKind::Diskful => "diskful",
+            ReplicaKind::Diskless => "diskless",
+            ReplicaKind::Tiebreaker => "tiebreaker",
+        }
+    }
+}
+
+/// What the replica's node last reported about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "state", content = "message")]
+pub enum ReplicaObserved {
+    /// Placed, not yet reported by its node.
+    Pending,
+    Ready,
+    Failed(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaRecord {
+    pub node: NodeId,
+    pub kind: ReplicaKind,
+    /// The pool holding a diskful replica.
+    pub pool: Option<PoolName>,
+    pub observed: ReplicaObserved,
+    /// Bytes allocated in the pool, as last reported.
+    pub allocated_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub id: u64,
+    pub name: VolumeName,
+    pub size_bytes: u64,
+    pub group: GroupName,
+    pub created_ms: u64,
+    /// Set by a delete: nodes remove their replicas, then the record goes.
+    pub deleting: bool,
+    pub replicas: Vec<ReplicaRecord>,
+}
+
+impl VolumeRecord {
+    pub fn replica(&self, node: NodeId) -> Option<&ReplicaRecord> {
+        self.replicas.iter().find(|replica| replica.node == node)
+    }
+
+    pub fn diskful(&self) -> impl Iterator<Item = &ReplicaRecord> {
+        self.replicas
+            .iter()
+            .filter(|replica| replica.kind == ReplicaKind::Diskful)
+    }
+
+    pub fn placement(&self) -> Placement {
+        Placement {
+            diskful: self
+                .diskful()
+                .map(|replica| {
+                    (
+                        replica.node,
+                        replica.pool.clone().expect("a diskful replica has a pool"),
+                    )
+                })
+                .collect(),
+            tiebreaker: self
+                .replicas
+                .iter()
+                .find(|replica| replica.kind == ReplicaKind::Tiebreaker)
+                .map(|replica| replica.node),
+            diskless: self
+                .replicas
+                .iter()
+                .filter(|replica| replica.kind == ReplicaKind::Diskless)
+                .map(|replica| replica.node)
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterSettings {
+    /// Re-place the replicas of a node offline for longer than the delay.
+    pub eviction_enabled: bool,
+    pub eviction_delay_secs: u64,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        // Off by default: moving a volume's data is expensive, and an hour
+        // covers a reboot or a kernel update.
+        ClusterSettings {
+            eviction_enabled: false,
+            eviction_delay_secs: 3600,
+        }
+    }
+}
+
+impl ClusterState {
+    pub fn node_by_name(&self, name: &NodeName) -> Option<&NodeRecord> {
+        self.nodes.values().find(|node| &node.name == name)
+    }
+
+    pub fn node_name(&self, id: NodeId) -> String {
+        self.nodes
+            .get(&id)
+            .map(|node| node.name.to_string())
+            .unwrap_or_else(|| format!("node-{id}"))
+    }
+
+    /// Volumes with a replica of any kind on `node`.
+    pub fn volumes_on(&self, node: NodeId) -> impl Iterator<Item = &VolumeRecord> {
+        self.volumes
+            .values()
+            .filter(move |volume| volume.replica(node).is_some())
+    }
+}
