@@ -20,8 +20,8 @@ use tokio::sync::watch;
 use trireme_types::{format_size, VolumeName};
 
 use crate::api::{self, Addresses, ApiState};
+use crate::cluster::{self, ClusterConfig};
 use crate::nbd::{NbdConfig, NbdServer, NodeExports};
-use crate::node::DEFAULT_POOL_NAME;
 use crate::{Node, NodeError};
 
 pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:7450";
@@ -35,6 +35,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
     pub data_dir: PathBuf,
+    /// Name, labels, join address and token, loopback trust.
+    pub cluster: ClusterConfig,
     pub api_listen: SocketAddr,
     pub nbd_listen: SocketAddr,
     /// Default: `DATA/nbd.sock`.
@@ -84,13 +86,17 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
         .nbd_socket
         .clone()
         .unwrap_or_else(|| config.data_dir.join(DEFAULT_NBD_SOCKET_FILE));
+    let exports_cluster = Arc::new(std::sync::OnceLock::new());
     let nbd_config = NbdConfig {
         tcp_listen: Some(config.nbd_listen),
         unix_socket: Some(nbd_socket),
     };
-    let nbd_server = NbdServer::bind(&nbd_config, Arc::new(NodeExports::new(node.clone())))
-        .await
-        .map_err(|error| NodeError::Nbd(error_chain(&error)))?;
+    let nbd_server = NbdServer::bind(
+        &nbd_config,
+        Arc::new(NodeExports::new(node.clone(), exports_cluster.clone())),
+    )
+    .await
+    .map_err(|error| NodeError::Nbd(error_chain(&error)))?;
     let nbd_tcp = nbd_server.tcp_local_addr();
     let addresses = Addresses {
         api: api_address.to_string(),
@@ -102,9 +108,81 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
     };
     let nbd_socket_path = nbd_server.unix_socket_path().map(|path| path.to_path_buf());
 
+    let cluster = cluster::start::start(
+        config.cluster.clone(),
+        &config.data_dir,
+        client_address(api_address),
+        nbd_tcp.map(client_address),
+    )
+    .await?;
+    write_admin_token(&config.data_dir, &cluster.admin_token())?;
+    let _ = exports_cluster.set(cluster.clone());
+
+    let (stop_sender, stop_receiver) = watch::channel(false);
+    let stopped = {
+        let stop_receiver = stop_receiver.clone();
+        move || {
+            let mut receiver = stop_receiver.clone();
+            async move {
+                let _ = receiver.wait_for(|stop| *stop).await;
+            }
+        }
+    };
+    let router = api::router(ApiState {
+        node: node.clone(),
+        addresses: Arc::new(addresses.clone()),
+        cluster: cluster.clone(),
+    });
+    let api_server = axum::serve(
+        api_listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(stopped());
+    let mut api_task = tokio::spawn(async move { api_server.await });
+    let background = [
+        tokio::spawn(cluster::agent::run(
+            cluster.clone(),
+            node.clone(),
+            stop_receiver.clone(),
+        )),
+        tokio::spawn(cluster::leader::heartbeat_loop(
+            cluster.clone(),
+            stop_receiver.clone(),
+        )),
+        tokio::spawn(cluster::leader::leader_loop(
+            cluster.clone(),
+            stop_receiver.clone(),
+        )),
+    ];
+
+    // A node that just joined receives the state from the leader first.
+    let me = cluster.node_id();
+    let member = cluster
+        .wait_for_state(Duration::from_secs(30), |state| {
+            state.nodes.contains_key(&me)
+        })
+        .await;
+    if !member {
+        tracing::warn!(
+            "this node has not received the cluster state yet; is the leader reachable?"
+        );
+    }
+    // Report this node's pools before anything is placed on them.
+    if let Err(error) = cluster::agent::reconcile(&cluster, &node).await {
+        tracing::warn!(%error, "the first report of this node's pools failed; the agent retries");
+    }
     if config.demo {
+        ensure_demo_volume(&cluster).await?;
         print_demo_help(&addresses);
     }
+    println!(
+        "cluster {}: node '{}' (id {}); add a machine with: trireme node run --join {} --token {}",
+        cluster.identity.cluster_id,
+        cluster.config.name,
+        cluster.node_id(),
+        cluster.api_address,
+        cluster.join_token(),
+    );
     println!(
         "trireme node ready: api http://{} nbd {} unix {}",
         addresses.api,
@@ -113,19 +191,6 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
     );
     let _ = std::io::stdout().flush();
 
-    let (stop_sender, stop_receiver) = watch::channel(false);
-    let stopped = move || {
-        let mut receiver = stop_receiver.clone();
-        async move {
-            let _ = receiver.wait_for(|stop| *stop).await;
-        }
-    };
-    let router = api::router(ApiState {
-        node: node.clone(),
-        addresses: Arc::new(addresses),
-    });
-    let api_server = axum::serve(api_listener, router).with_graceful_shutdown(stopped());
-    let mut api_task = tokio::spawn(async move { api_server.await });
     let mut nbd_task = tokio::spawn(nbd_server.serve(stopped()));
 
     tokio::select! {
@@ -146,6 +211,12 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
         api_task.abort();
         nbd_task.abort();
     }
+    for task in background {
+        task.abort();
+    }
+    if let Err(error) = cluster.raft.shutdown().await {
+        tracing::warn!(%error, "Raft did not stop cleanly");
+    }
     if let Some(path) = nbd_socket_path {
         // Only our own socket: nobody else listens on it any more.
         let _ = std::fs::remove_file(path);
@@ -156,7 +227,6 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
 /// Steps 1 to 3 of start-up, on a blocking thread (they do disk I/O).
 async fn start_node(config: &DaemonConfig) -> Result<Node, NodeError> {
     let data_dir = config.data_dir.clone();
-    let demo = config.demo;
     tokio::task::spawn_blocking(move || {
         let node = Node::open(&data_dir)?;
         match node.ensure_default_pool() {
@@ -174,35 +244,53 @@ async fn start_node(config: &DaemonConfig) -> Result<Node, NodeError> {
                 println!("warning: cannot create the default pool: {error}");
             }
         }
-        if demo {
-            ensure_demo_volume(&node)?;
-        }
         Ok(node)
     })
     .await
     .map_err(|error| NodeError::Internal(format!("start-up failed: {error}")))?
 }
 
-fn ensure_demo_volume(node: &Node) -> Result<(), NodeError> {
+/// `--demo`: a 1 GiB volume named `demo` with its one replica on this node,
+/// so this node's NBD server serves it.
+async fn ensure_demo_volume(cluster: &cluster::Cluster) -> Result<(), NodeError> {
     let name = VolumeName::new(DEMO_VOLUME_NAME)?;
-    match node.volume(&name) {
-        Ok(_) => return Ok(()),
-        Err(NodeError::VolumeNotFound(_)) => {}
-        Err(error) => return Err(error),
+    if cluster.state.read().volumes.contains_key(&name) {
+        return Ok(());
     }
-    let default_pool = trireme_types::PoolName::new(DEFAULT_POOL_NAME)?;
-    let pool = node
-        .pool(&default_pool)
-        .ok()
-        .filter(|status| status.info.is_some())
-        .map(|_| default_pool);
-    let info = node.create_volume(&name, DEMO_VOLUME_BYTES, pool.as_ref())?;
-    println!(
-        "created the demo volume '{}' ({}) in pool '{}'",
-        info.name,
-        format_size(info.size_bytes),
-        info.pool
-    );
+    let reply = cluster
+        .write(trireme_control::Command::CreateVolume {
+            name: name.clone(),
+            size_bytes: DEMO_VOLUME_BYTES,
+            group: None,
+            replicas: Some(1),
+            nodes: Some(vec![cluster.config.name.clone()]),
+            pool: None,
+            adopt: None,
+            now_ms: cluster::auth::now_ms(),
+        })
+        .await
+        .map_err(|error| NodeError::Internal(format!("cannot create the demo volume: {error}")))?;
+    let ready = cluster
+        .wait_for_state(Duration::from_secs(30), |state| {
+            state.volumes.get(&name).is_some_and(|volume| {
+                volume
+                    .diskful()
+                    .all(|replica| replica.observed == trireme_control::ReplicaObserved::Ready)
+            })
+        })
+        .await;
+    if let (true, trireme_control::Reply::Volume(volume)) = (ready, reply) {
+        println!(
+            "created the demo volume '{}' ({}) in pool '{}'",
+            volume.name,
+            format_size(volume.size_bytes),
+            volume.replicas[0]
+                .pool
+                .as_ref()
+                .map(|pool| pool.as_str())
+                .unwrap_or("-")
+        );
+    }
     Ok(())
 }
 
@@ -217,6 +305,21 @@ fn print_demo_help(addresses: &Addresses) {
     if let Some(socket) = &addresses.nbd_unix {
         println!("       nbdinfo 'nbd+unix:///{DEMO_VOLUME_NAME}?socket={socket}'");
     }
+}
+
+/// `DATA/admin.token`: what remote clients present (mode 0600).
+fn write_admin_token(data_dir: &std::path::Path, token: &str) -> Result<(), NodeError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join("admin.token");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|error| NodeError::io(format!("write {}", path.display()), error))?;
+    writeln!(file, "{token}")
+        .map_err(|error| NodeError::io(format!("write {}", path.display()), error))
 }
 
 /// `outer: inner: ...`, so the OS reason (e.g. "Address in use") is shown.

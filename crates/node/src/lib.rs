@@ -33,6 +33,7 @@
 
 pub mod api;
 pub mod catalog;
+pub mod cluster;
 pub mod daemon;
 pub mod error;
 pub mod nbd;

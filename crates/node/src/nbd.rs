@@ -4,7 +4,10 @@
 //! Volumes are opened once and cached by [`Node`]; a deleted volume drops
 //! out of the cache (its old handle answers `ShuttingDown`).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use trireme_types::VolumeName;
+
+use crate::cluster::Cluster;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use trireme_export::ExportRegistry;
 use trireme_types::BlockTarget;
@@ -16,11 +19,41 @@ pub use trireme_export::{NbdConfig, NbdServer};
 /// Export name → volume, for the NBD server.
 pub struct NodeExports {
     node: Arc<Node>,
+    /// Set once the node is a cluster member (the server binds before).
+    cluster: Arc<OnceLock<Arc<Cluster>>>,
 }
 
 impl NodeExports {
-    pub fn new(node: Arc<Node>) -> Self {
-        NodeExports { node }
+    pub fn new(node: Arc<Node>, cluster: Arc<OnceLock<Arc<Cluster>>>) -> Self {
+        NodeExports { node, cluster }
+    }
+
+    /// Until replicated I/O exists (`volume attach`), only a volume whose
+    /// single replica lives here is served: writing one replica of several
+    /// would make them diverge.
+    fn servable_here(&self, name: &str) -> bool {
+        let Some(cluster) = self.cluster.get() else {
+            return true;
+        };
+        let Ok(name) = VolumeName::new(name) else {
+            return false;
+        };
+        let state = cluster.state.read();
+        let Some(volume) = state.volumes.get(&name) else {
+            // A local volume the agent has not registered yet.
+            return true;
+        };
+        let diskful: Vec<_> = volume.diskful().collect();
+        let servable =
+            !volume.deleting && diskful.len() == 1 && diskful[0].node == cluster.node_id();
+        if !servable {
+            tracing::warn!(
+                volume = %name,
+                replicas = diskful.len(),
+                "not served here: only a one-replica volume is served, on its node, until replicated I/O exists"
+            );
+        }
+        servable
     }
 }
 
@@ -38,6 +71,9 @@ fn without_stalling_the_reactor<T>(work: impl FnOnce() -> T) -> T {
 
 impl ExportRegistry for NodeExports {
     fn open(&self, name: &str) -> Option<Arc<dyn BlockTarget>> {
+        if !self.servable_here(name) {
+            return None;
+        }
         let volume: Arc<dyn BlockTarget> = match self.node.cached_volume(name) {
             Some(volume) => volume,
             None => without_stalling_the_reactor(|| self.node.open_volume(name))?,

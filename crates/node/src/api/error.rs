@@ -74,6 +74,39 @@ impl From<NodeError> for ApiError {
     }
 }
 
+impl From<crate::cluster::ClusterError> for ApiError {
+    fn from(error: crate::cluster::ClusterError) -> Self {
+        use crate::cluster::ClusterError;
+        use trireme_control::CommandError;
+        let message = error.to_string();
+        let (status, code) = match &error {
+            ClusterError::Refused(refusal) => match refusal {
+                CommandError::UnknownVolume { .. } => (StatusCode::NOT_FOUND, "volume_not_found"),
+                CommandError::UnknownGroup { .. } => (StatusCode::NOT_FOUND, "group_not_found"),
+                CommandError::UnknownNode { .. } => (StatusCode::NOT_FOUND, "node_not_found"),
+                CommandError::VolumeExists { .. } => (StatusCode::CONFLICT, "volume_exists"),
+                CommandError::GroupExists { .. } => (StatusCode::CONFLICT, "group_exists"),
+                CommandError::GroupInUse { .. } => (StatusCode::CONFLICT, "group_in_use"),
+                CommandError::DefaultGroup => (StatusCode::CONFLICT, "default_group"),
+                CommandError::VolumeDeleting { .. } => (StatusCode::CONFLICT, "volume_deleting"),
+                CommandError::LastReplica { .. } => (StatusCode::CONFLICT, "last_replica"),
+                CommandError::NodeNameTaken { .. } => (StatusCode::CONFLICT, "node_name_taken"),
+                CommandError::JoinReplayed => (StatusCode::FORBIDDEN, "join_refused"),
+                CommandError::ShrinkRefused { .. } => (StatusCode::BAD_REQUEST, "shrink_refused"),
+                CommandError::Placement { .. } => (StatusCode::CONFLICT, "placement_failed"),
+                CommandError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+                CommandError::NotBootstrapped | CommandError::AlreadyBootstrapped { .. } => {
+                    (StatusCode::SERVICE_UNAVAILABLE, "cluster_not_ready")
+                }
+            },
+            ClusterError::NoLeader { .. } => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
+            ClusterError::Join(_) => (StatusCode::FORBIDDEN, "join_refused"),
+            ClusterError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        ApiError::new(status, code, message)
+    }
+}
+
 fn is_out_of_space(error: &std::io::Error) -> bool {
     error.raw_os_error() == Some(libc::ENOSPC) || error.raw_os_error() == Some(libc::EDQUOT)
 }

@@ -9,6 +9,7 @@
 //! Handlers validate the request, then run the blocking node operation on
 //! `spawn_blocking` so a slow disk never stalls the reactor.
 
+mod cluster;
 pub mod error;
 pub mod model;
 mod pools;
@@ -18,14 +19,18 @@ mod volumes;
 
 pub use error::ApiError;
 
+use axum::extract::ConnectInfo;
 use axum::extract::{FromRequest, Request};
 use axum::http::{Method, StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
 use utoipa::OpenApi;
 
+use crate::cluster::Cluster;
 use crate::{Node, NodeError};
 
 /// Where the node can be reached; reported by `GET /api/v1/node`.
@@ -43,13 +48,14 @@ pub struct Addresses {
 pub struct ApiState {
     pub node: Arc<Node>,
     pub addresses: Arc<Addresses>,
+    pub cluster: Arc<Cluster>,
 }
 
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "trireme node API",
-        description = "Pools and volumes of one trireme node. Sizes are in bytes; errors are {\"error\", \"code\"}."
+        description = "A trireme cluster, through any of its nodes: the cluster's nodes, resource groups and volumes, and this node's pools. Sizes are in bytes; errors are {\"error\", \"code\"}. Clients on loopback are trusted (unless the node runs with --trust-loopback=false); others send `Authorization: Bearer <token>` with the token from `DATA/admin.token`."
     ),
     paths(
         system::health,
@@ -64,15 +70,25 @@ pub struct ApiState {
         volumes::show_volume,
         volumes::delete_volume,
         volumes::grow_volume,
+        cluster::status,
+        cluster::list_nodes,
+        cluster::remove_node,
+        cluster::list_groups,
+        cluster::create_group,
+        cluster::delete_group,
+        cluster::show_settings,
+        cluster::change_settings,
+        cluster::join_token,
     )
 )]
 pub struct ApiDocument;
 
 pub fn router(state: ApiState) -> Router {
-    Router::new()
-        .route("/api/v1/health", get(system::health))
+    let cluster = state.cluster.clone();
+    let trust_loopback = state.cluster.config.trust_loopback;
+    let token = Arc::new(state.cluster.admin_token());
+    let protected = Router::new()
         .route("/api/v1/node", get(system::node_info))
-        .route("/api/v1/openapi.json", get(system::openapi))
         .route(
             "/api/v1/pools",
             get(pools::list_pools).post(pools::create_pool),
@@ -91,8 +107,83 @@ pub fn router(state: ApiState) -> Router {
             get(volumes::show_volume).delete(volumes::delete_volume),
         )
         .route("/api/v1/volumes/{name}/grow", post(volumes::grow_volume))
+        .route("/api/v1/status", get(cluster::status))
+        .route("/api/v1/nodes", get(cluster::list_nodes))
+        .route(
+            "/api/v1/nodes/{name}",
+            axum::routing::delete(cluster::remove_node),
+        )
+        .route(
+            "/api/v1/groups",
+            get(cluster::list_groups).post(cluster::create_group),
+        )
+        .route(
+            "/api/v1/groups/{name}",
+            axum::routing::delete(cluster::delete_group),
+        )
+        .route(
+            "/api/v1/cluster/settings",
+            get(cluster::show_settings).put(cluster::change_settings),
+        )
+        .route("/api/v1/cluster/join-token", get(cluster::join_token))
+        .route_layer(axum::middleware::from_fn(move |request, next| {
+            authenticate(trust_loopback, token.clone(), request, next)
+        }));
+    Router::new()
+        .route("/api/v1/health", get(system::health))
+        .route("/api/v1/openapi.json", get(system::openapi))
+        .merge(protected)
         .fallback(unknown_endpoint)
         .with_state(state)
+        .merge(crate::cluster::internal::router(cluster))
+}
+
+/// Lets a request through if it comes from loopback (when trusted) or
+/// carries the admin token.
+async fn authenticate(
+    trust_loopback: bool,
+    token: Arc<String>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let from_loopback = request
+        .extensions()
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map(|ConnectInfo(peer)| peer.ip().is_loopback())
+        // In-process callers (tests through the router) have no peer.
+        .unwrap_or(true);
+    if trust_loopback && from_loopback {
+        return Ok(next.run(request).await);
+    }
+    let presented = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    match presented {
+        Some(presented) if constant_time_equal(presented.as_bytes(), token.as_bytes()) => {
+            Ok(next.run(request).await)
+        }
+        Some(_) => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "the token is wrong: use the one in DATA/admin.token of any node of this cluster",
+        )),
+        None => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "this request needs a token: pass --token (or set TRIREME_TOKEN) with the content of DATA/admin.token of any node",
+        )),
+    }
+}
+
+fn constant_time_equal(left: &[u8], right: &[u8]) -> bool {
+    left.len() == right.len()
+        && left
+            .iter()
+            .zip(right)
+            .fold(0u8, |difference, (a, b)| difference | (a ^ b))
+            == 0
 }
 
 async fn unknown_endpoint(method: Method, uri: Uri) -> ApiError {

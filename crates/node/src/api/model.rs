@@ -2,7 +2,7 @@
 //! the two cannot drift apart.
 
 use serde::{Deserialize, Serialize};
-use trireme_store::{ScanReport, VolumeInfo};
+use trireme_store::ScanReport;
 use utoipa::ToSchema;
 
 use crate::node::PoolStatus;
@@ -34,6 +34,9 @@ pub struct NodeResponse {
     pub nbd_tcp_address: Option<String>,
     /// The unix socket of the NBD server.
     pub nbd_unix_socket: Option<String>,
+    pub cluster_id: String,
+    pub node_id: u64,
+    pub node_name: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -120,9 +123,18 @@ pub struct CreateVolumeRequest {
     pub name: String,
     /// A positive multiple of 4096.
     pub size_bytes: u64,
-    /// The pool to place it in; default: the online pool with the most free bytes.
+    /// Only pools of this name qualify; default: the resource group's pools.
     #[serde(default)]
     pub pool: Option<String>,
+    /// The resource group to place it by; default: `default`.
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Diskful replicas wanted, overriding the group's place-count.
+    #[serde(default)]
+    pub replicas: Option<usize>,
+    /// Manual placement: exactly these nodes hold its data.
+    #[serde(default)]
+    pub nodes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -133,32 +145,132 @@ pub struct GrowVolumeRequest {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ReplicaResponse {
+    pub node: String,
+    /// `diskful`, `diskless` or `tiebreaker`.
+    pub kind: String,
+    pub pool: Option<String>,
+    /// `pending`, `ready` or `failed`, as its node last reported.
+    pub state: String,
+    /// Why it failed.
+    pub message: Option<String>,
+    pub allocated_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct VolumeResponse {
     pub name: String,
+    /// The volume's id in the cluster.
     pub id: u64,
+    /// The pool of the replica on the answering node, else of the first replica.
     pub pool: String,
     pub size_bytes: u64,
-    /// Bytes of the pool's chunks this volume's written data holds.
+    /// Bytes of pool chunks its written data holds (on one replica).
     pub allocated_bytes: u64,
     pub created_unix_seconds: u64,
     pub checksum_errors: u64,
     /// Where NBD clients reach it, e.g. `nbd://127.0.0.1:10809/NAME`.
     pub nbd_url: Option<String>,
+    pub group: String,
+    /// `creating`, `ready`, `degraded` (fewer ready replicas than placed,
+    /// or than the place-count), `failed` or `deleting`.
+    pub state: String,
+    pub replicas: Vec<ReplicaResponse>,
 }
 
-impl VolumeResponse {
-    pub fn new(info: VolumeInfo, nbd_tcp_address: Option<&str>) -> Self {
-        VolumeResponse {
-            nbd_url: nbd_tcp_address.map(|address| format!("nbd://{address}/{}", info.name)),
-            name: info.name.into(),
-            id: info.id.0,
-            pool: info.pool.into(),
-            size_bytes: info.size_bytes,
-            allocated_bytes: info.allocated_bytes,
-            created_unix_seconds: info.created_unix_seconds,
-            checksum_errors: info.checksum_errors,
-        }
-    }
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeEntry {
+    pub id: u64,
+    pub name: String,
+    pub api_address: String,
+    pub nbd_address: Option<String>,
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// `online`, `offline` or `evicted`.
+    pub state: String,
+    /// Seconds in that state.
+    pub state_seconds: u64,
+    /// `leader`, `voter` or `learner` in the control plane.
+    pub role: String,
+    pub pools: usize,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct GroupBody {
+    pub name: String,
+    /// Diskful replicas per volume.
+    pub place_count: usize,
+    /// Fewest replicas a new volume may start with; default: place-count.
+    #[serde(default)]
+    pub min_place_count: Option<usize>,
+    /// Pools (by name) that qualify; empty: any.
+    #[serde(default)]
+    pub pools: Vec<String>,
+    /// `nvme`, `ssd` or `hdd`; absent: any.
+    #[serde(default)]
+    pub class: Option<String>,
+    /// Label keys whose values must differ between replicas, e.g. `zone`.
+    #[serde(default)]
+    pub replicas_on_different: Vec<String>,
+    #[serde(default)]
+    pub diskless_on_remaining: bool,
+    /// `io-error` (default) or `suspend`.
+    #[serde(default)]
+    pub on_no_quorum: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SettingsBody {
+    pub eviction_enabled: bool,
+    pub eviction_delay_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct JoinTokenResponse {
+    pub token: String,
+    /// The command that adds a machine, with this node's address.
+    pub command: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct CountBy {
+    pub total: usize,
+    pub online: usize,
+    pub offline: usize,
+    pub evicted: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct VolumeCounts {
+    pub total: usize,
+    pub ready: usize,
+    pub creating: usize,
+    pub degraded: usize,
+    pub failed: usize,
+    pub deleting: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct StatusResponse {
+    pub cluster_id: String,
+    /// `HEALTH_OK` or `HEALTH_WARN`.
+    pub health: String,
+    pub this_node: String,
+    pub leader: Option<String>,
+    pub voters: Vec<String>,
+    pub learners: Vec<String>,
+    pub nodes: CountBy,
+    pub pools: usize,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub provisioned_bytes: u64,
+    pub volumes: VolumeCounts,
+    /// Each names what is wrong and the action to take.
+    pub warnings: Vec<String>,
+    pub eviction_enabled: bool,
+    pub eviction_delay_secs: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -16,12 +16,28 @@ struct TestNode {
     router: axum::Router,
 }
 
-fn test_node() -> TestNode {
+/// A node without pools in a one-node cluster of its own; its Raft never
+/// needs the network, so the API address is never dialled.
+async fn test_node() -> TestNode {
     let directory = tempfile::tempdir().unwrap();
     let node = Node::open(directory.path()).unwrap();
+    let cluster = crate::cluster::start::start(
+        crate::cluster::ClusterConfig {
+            name: trireme_types::NodeName::new("test").unwrap(),
+            labels: Default::default(),
+            join: None,
+            trust_loopback: true,
+        },
+        directory.path(),
+        "127.0.0.1:9".to_string(),
+        None,
+    )
+    .await
+    .unwrap();
     let router = router(ApiState {
         node: Arc::new(node),
         addresses: Arc::new(Addresses::default()),
+        cluster,
     });
     TestNode {
         _directory: directory,
@@ -30,7 +46,7 @@ fn test_node() -> TestNode {
 }
 
 async fn call(method: &str, uri: &str, body: Option<&str>) -> (StatusCode, Value) {
-    let node = test_node();
+    let node = test_node().await;
     let mut request = Request::builder().method(method).uri(uri);
     if body.is_some() {
         request = request.header(header::CONTENT_TYPE, "application/json");

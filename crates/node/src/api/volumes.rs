@@ -1,49 +1,299 @@
-//! `/api/v1/volumes`: list, create, show, delete and grow volumes.
+//! `/api/v1/volumes`: cluster volumes. Creating, growing and deleting are
+//! commands committed through the leader (any node forwards them); the
+//! handlers then wait for the nodes holding replicas to report, so a
+//! `201 Created` volume is ready to use. Reads come from this node's copy of
+//! the cluster state.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
+use std::time::Duration;
+use trireme_control::{
+    ClusterState, Command, NodeState, ReplicaKind, ReplicaObserved, Reply, VolumeRecord,
+};
+use trireme_types::{GroupName, NodeName, VolumeName};
 
-use super::model::{CreateVolumeRequest, ErrorBody, GrowVolumeRequest, VolumeResponse};
+use super::model::{
+    CreateVolumeRequest, ErrorBody, GrowVolumeRequest, ReplicaResponse, VolumeResponse,
+};
 use super::{blocking, validate, ApiError, ApiJson, ApiState};
+use crate::cluster::auth;
+use crate::NodeError;
+
+/// How long a request waits for the replicas' nodes to act on a change.
+pub const REPLICA_WAIT: Duration = Duration::from_secs(30);
+
+fn node_online(state: &ClusterState, node: trireme_types::NodeId) -> bool {
+    state
+        .nodes
+        .get(&node)
+        .is_some_and(|node| node.state == NodeState::Online)
+}
+
+/// `creating`, `ready`, `degraded`, `failed` or `deleting`.
+pub fn volume_state(volume: &VolumeRecord, state: &ClusterState) -> &'static str {
+    if volume.deleting {
+        return "deleting";
+    }
+    let diskful: Vec<_> = volume.diskful().collect();
+    let ready = diskful
+        .iter()
+        .filter(|replica| replica.observed == ReplicaObserved::Ready)
+        .filter(|replica| node_online(state, replica.node))
+        .count();
+    let failed = diskful
+        .iter()
+        .any(|replica| matches!(replica.observed, ReplicaObserved::Failed(_)));
+    // A replica pending on an offline node will not be made soon.
+    let pending = diskful.iter().any(|replica| {
+        replica.observed == ReplicaObserved::Pending && node_online(state, replica.node)
+    });
+    match () {
+        _ if ready == 0 && failed => "failed",
+        _ if pending && !failed => "creating",
+        _ if ready < diskful.len() => "degraded",
+        _ => "ready",
+    }
+}
 
 impl ApiState {
-    fn volume_response(&self, info: trireme_store::VolumeInfo) -> VolumeResponse {
-        VolumeResponse::new(info, self.addresses.nbd_url_base.as_deref())
+    pub(super) async fn volume_response(&self, record: &VolumeRecord) -> VolumeResponse {
+        let me = self.cluster.node_id();
+        let local = match record.replica(me) {
+            Some(replica) if replica.kind == ReplicaKind::Diskful => {
+                let name = record.name.clone();
+                blocking(&self.node, move |node| node.volume(&name))
+                    .await
+                    .ok()
+            }
+            _ => None,
+        };
+        let state = self.cluster.state.read();
+        let diskful: Vec<_> = record.diskful().collect();
+        // Until replicated I/O (attach) exists, a volume is served where its
+        // only replica lives.
+        let nbd_url = match diskful.as_slice() {
+            [only] if only.node == me => self
+                .addresses
+                .nbd_url_base
+                .as_ref()
+                .map(|base| format!("nbd://{base}/{}", record.name)),
+            [only] => state
+                .nodes
+                .get(&only.node)
+                .and_then(|node| node.nbd_address.as_ref())
+                .map(|address| format!("nbd://{address}/{}", record.name)),
+            _ => None,
+        };
+        VolumeResponse {
+            name: record.name.to_string(),
+            id: record.id,
+            pool: local
+                .as_ref()
+                .map(|info| info.pool.to_string())
+                .or_else(|| {
+                    diskful
+                        .first()
+                        .and_then(|r| r.pool.as_ref())
+                        .map(|p| p.to_string())
+                })
+                .unwrap_or_default(),
+            size_bytes: record.size_bytes,
+            allocated_bytes: local
+                .as_ref()
+                .map(|info| info.allocated_bytes)
+                .unwrap_or_else(|| {
+                    diskful
+                        .iter()
+                        .map(|replica| replica.allocated_bytes)
+                        .max()
+                        .unwrap_or(0)
+                }),
+            created_unix_seconds: record.created_ms / 1000,
+            checksum_errors: local.as_ref().map(|info| info.checksum_errors).unwrap_or(0),
+            nbd_url,
+            group: record.group.to_string(),
+            state: volume_state(record, &state).to_string(),
+            replicas: record
+                .replicas
+                .iter()
+                .map(|replica| {
+                    let (observed, message) = match &replica.observed {
+                        ReplicaObserved::Pending => ("pending", None),
+                        ReplicaObserved::Ready => ("ready", None),
+                        ReplicaObserved::Failed(message) => ("failed", Some(message.clone())),
+                    };
+                    ReplicaResponse {
+                        node: state.node_name(replica.node),
+                        kind: replica.kind.as_str().to_string(),
+                        pool: replica.pool.as_ref().map(|pool| pool.to_string()),
+                        state: observed.to_string(),
+                        message,
+                        allocated_bytes: replica.allocated_bytes,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    fn volume_record(&self, name: &VolumeName) -> Result<VolumeRecord, ApiError> {
+        self.cluster
+            .state
+            .read()
+            .volumes
+            .get(name)
+            .cloned()
+            .ok_or_else(|| NodeError::VolumeNotFound(name.clone()).into())
+    }
+
+    /// Waits until no diskful replica of `name` (id `id`) is pending on an
+    /// online node (an offline node makes its replica when it returns).
+    async fn wait_replicas(&self, name: &VolumeName, id: u64) -> Option<VolumeRecord> {
+        let mut latest = None;
+        self.cluster
+            .wait_for_state(REPLICA_WAIT, |state| match state.volumes.get(name) {
+                Some(volume) if volume.id == id => {
+                    latest = Some(volume.clone());
+                    !volume.diskful().any(|replica| {
+                        replica.observed == ReplicaObserved::Pending
+                            && node_online(state, replica.node)
+                    })
+                }
+                // Not applied here yet: keep waiting. Replaced: done.
+                Some(_) => true,
+                None => false,
+            })
+            .await;
+        latest
     }
 }
 
 #[utoipa::path(get, path = "/api/v1/volumes", tag = "volumes",
-    responses((status = 200, description = "Every volume of every online pool", body = [VolumeResponse])))]
+    responses((status = 200, description = "Every volume of the cluster", body = [VolumeResponse])))]
 pub async fn list_volumes(
     State(state): State<ApiState>,
 ) -> Result<Json<Vec<VolumeResponse>>, ApiError> {
-    let volumes = blocking(&state.node, |node| node.volumes()).await?;
-    Ok(Json(
-        volumes
-            .into_iter()
-            .map(|info| state.volume_response(info))
-            .collect(),
-    ))
+    let records: Vec<VolumeRecord> = state
+        .cluster
+        .state
+        .read()
+        .volumes
+        .values()
+        .cloned()
+        .collect();
+    let mut answers = Vec::with_capacity(records.len());
+    for record in &records {
+        answers.push(state.volume_response(record).await);
+    }
+    Ok(Json(answers))
 }
 
 #[utoipa::path(post, path = "/api/v1/volumes", tag = "volumes", request_body = CreateVolumeRequest,
     responses(
-        (status = 201, description = "Volume created", body = VolumeResponse),
+        (status = 201, description = "Volume created and its replicas ready", body = VolumeResponse),
+        (status = 202, description = "Volume created; some replicas' nodes have not reported yet", body = VolumeResponse),
         (status = 400, description = "Bad name or size", body = ErrorBody),
-        (status = 404, description = "The named pool does not exist", body = ErrorBody),
-        (status = 409, description = "A volume of that name exists, or the pool is offline", body = ErrorBody),
-        (status = 507, description = "No online pool to place it in", body = ErrorBody)))]
+        (status = 404, description = "The named pool, group or node does not exist", body = ErrorBody),
+        (status = 409, description = "A volume of that name exists, or placement is impossible (the message says why)", body = ErrorBody),
+        (status = 503, description = "The control plane has no leader", body = ErrorBody),
+        (status = 507, description = "No node has an online pool", body = ErrorBody)))]
 pub async fn create_volume(
     State(state): State<ApiState>,
     ApiJson(request): ApiJson<CreateVolumeRequest>,
 ) -> Result<(StatusCode, Json<VolumeResponse>), ApiError> {
     let (name, size_bytes, pool) = validate::new_volume(&request)?;
-    let info = blocking(&state.node, move |node| {
-        node.create_volume(&name, size_bytes, pool.as_ref())
-    })
-    .await?;
-    Ok((StatusCode::CREATED, Json(state.volume_response(info))))
+    let group = request
+        .group
+        .as_deref()
+        .map(GroupName::new)
+        .transpose()
+        .map_err(NodeError::from)?;
+    let nodes = request
+        .nodes
+        .as_ref()
+        .map(|names| {
+            names
+                .iter()
+                .map(NodeName::new)
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .transpose()
+        .map_err(NodeError::from)?;
+    {
+        let cluster_state = state.cluster.state.read();
+        let mut pools = cluster_state
+            .nodes
+            .values()
+            .flat_map(|node| node.pools.iter())
+            .filter(|(_, pool)| pool.online);
+        if let Some(pool) = &pool {
+            if !pools.any(|(name, _)| name == pool) {
+                return Err(NodeError::PoolNotFound(pool.to_string()).into());
+            }
+        } else if pools.next().is_none() {
+            return Err(NodeError::NoPoolAvailable.into());
+        }
+    }
+    let reply = state
+        .cluster
+        .write(Command::CreateVolume {
+            name: name.clone(),
+            size_bytes,
+            group,
+            replicas: request.replicas,
+            nodes,
+            pool,
+            adopt: None,
+            now_ms: auth::now_ms(),
+        })
+        .await?;
+    let Reply::Volume(created) = reply else {
+        return Err(NodeError::Internal("creating a volume gave no volume".into()).into());
+    };
+    let record = state
+        .wait_replicas(&name, created.id)
+        .await
+        .unwrap_or(*created);
+    let failures: Vec<String> = record
+        .diskful()
+        .filter_map(|replica| match &replica.observed {
+            ReplicaObserved::Failed(message) => Some(format!(
+                "{}: {message}",
+                state.cluster.state.read().node_name(replica.node)
+            )),
+            _ => None,
+        })
+        .collect();
+    if !failures.is_empty()
+        && !record
+            .diskful()
+            .any(|r| r.observed == ReplicaObserved::Ready)
+    {
+        // Nothing was made anywhere: take the record back, say why.
+        let _ = state
+            .cluster
+            .write(Command::DeleteVolume { name: name.clone() })
+            .await;
+        let message = format!(
+            "volume '{name}' could not be created: {}",
+            failures.join("; ")
+        );
+        let status = if message.contains("No space") || message.contains("full") {
+            StatusCode::INSUFFICIENT_STORAGE
+        } else {
+            StatusCode::INTERNAL_SERVER_ERROR
+        };
+        return Err(ApiError::new(status, "replica_failed", message));
+    }
+    let pending = record
+        .diskful()
+        .any(|replica| replica.observed == ReplicaObserved::Pending);
+    let status = if pending {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, Json(state.volume_response(&record).await)))
 }
 
 #[utoipa::path(get, path = "/api/v1/volumes/{name}", tag = "volumes",
@@ -56,22 +306,40 @@ pub async fn show_volume(
     Path(name): Path<String>,
 ) -> Result<Json<VolumeResponse>, ApiError> {
     let name = validate::volume_name(&name)?;
-    let info = blocking(&state.node, move |node| node.volume(&name)).await?;
-    Ok(Json(state.volume_response(info)))
+    let record = state.volume_record(&name)?;
+    Ok(Json(state.volume_response(&record).await))
 }
 
 #[utoipa::path(delete, path = "/api/v1/volumes/{name}", tag = "volumes",
     params(("name" = String, Path, description = "Volume name")),
     responses(
-        (status = 204, description = "Volume deleted; connected NBD clients get errors from now on"),
+        (status = 204, description = "Volume deleted on every node; connected NBD clients get errors from now on"),
+        (status = 202, description = "Deleting: a node holding a replica has not removed it yet (offline?)"),
         (status = 404, description = "No such volume", body = ErrorBody)))]
 pub async fn delete_volume(
     State(state): State<ApiState>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let name = validate::volume_name(&name)?;
-    blocking(&state.node, move |node| node.delete_volume(&name)).await?;
-    Ok(StatusCode::NO_CONTENT)
+    let record = state.volume_record(&name)?;
+    state
+        .cluster
+        .write(Command::DeleteVolume { name: name.clone() })
+        .await?;
+    let gone = state
+        .cluster
+        .wait_for_state(REPLICA_WAIT, |cluster_state| {
+            cluster_state
+                .volumes
+                .get(&name)
+                .is_none_or(|volume| volume.id != record.id)
+        })
+        .await;
+    Ok(if gone {
+        StatusCode::NO_CONTENT
+    } else {
+        StatusCode::ACCEPTED
+    })
 }
 
 #[utoipa::path(post, path = "/api/v1/volumes/{name}/grow", tag = "volumes",
@@ -88,6 +356,26 @@ pub async fn grow_volume(
 ) -> Result<Json<VolumeResponse>, ApiError> {
     let name = validate::volume_name(&name)?;
     let size_bytes = validate::volume_size(request.size_bytes)?;
-    let info = blocking(&state.node, move |node| node.grow_volume(&name, size_bytes)).await?;
-    Ok(Json(state.volume_response(info)))
+    let record = state.volume_record(&name)?;
+    if size_bytes < record.size_bytes {
+        // Same words as the store's refusal, before anything is committed.
+        return Err(NodeError::Store(trireme_store::StoreError::ShrinkRefused {
+            name,
+            current_bytes: record.size_bytes,
+            requested_bytes: size_bytes,
+        })
+        .into());
+    }
+    state
+        .cluster
+        .write(Command::GrowVolume {
+            name: name.clone(),
+            size_bytes,
+        })
+        .await?;
+    let record = state
+        .wait_replicas(&name, record.id)
+        .await
+        .ok_or_else(|| ApiError::from(NodeError::VolumeNotFound(name.clone())))?;
+    Ok(Json(state.volume_response(&record).await))
 }

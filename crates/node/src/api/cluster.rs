@@ -1,0 +1,387 @@
+//! The cluster endpoints: status (`trireme status`), nodes, resource
+//! groups, settings and the join token. Reads come from this node's copy of
+//! the state; changes are committed through the leader.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use std::collections::BTreeSet;
+use trireme_control::{Command, NodeState, QuorumPolicy, ReplicaObserved, ResourceGroup};
+use trireme_types::{format_size, DeviceClass, GroupName, NodeName, PoolName};
+
+use super::model::{
+    CountBy, ErrorBody, GroupBody, JoinTokenResponse, NodeEntry, SettingsBody, StatusResponse,
+    VolumeCounts,
+};
+use super::volumes::volume_state;
+use super::{ApiError, ApiJson, ApiState};
+use crate::cluster::auth;
+use crate::NodeError;
+
+/// A pool fuller than this share (in percent) is warned about.
+const POOL_FULL_WARNING_PERCENT: u64 = 90;
+
+fn role(state: &ApiState, node: u64, voters: &BTreeSet<u64>) -> &'static str {
+    if state.cluster.leader().map(|leader| leader.0) == Some(node) {
+        "leader"
+    } else if voters.contains(&node) {
+        "voter"
+    } else {
+        "learner"
+    }
+}
+
+fn seconds_since(ms: u64) -> u64 {
+    auth::now_ms().saturating_sub(ms) / 1000
+}
+
+#[utoipa::path(get, path = "/api/v1/nodes", tag = "cluster",
+    responses((status = 200, description = "Every node of the cluster", body = [NodeEntry])))]
+pub async fn list_nodes(State(state): State<ApiState>) -> Json<Vec<NodeEntry>> {
+    let cluster_state = state.cluster.state.read();
+    let voters: BTreeSet<u64> = cluster_state.membership().voter_ids().collect();
+    Json(
+        cluster_state
+            .nodes
+            .values()
+            .map(|node| NodeEntry {
+                id: node.id.0,
+                name: node.name.to_string(),
+                api_address: node.api_address.clone(),
+                nbd_address: node.nbd_address.clone(),
+                labels: node.labels.clone(),
+                state: node.state.as_str().to_string(),
+                state_seconds: seconds_since(node.state_since_ms),
+                role: role(&state, node.id.0, &voters).to_string(),
+                pools: node.pools.len(),
+                capacity_bytes: node.pools.values().map(|pool| pool.capacity_bytes).sum(),
+                free_bytes: node.pools.values().map(|pool| pool.free_bytes).sum(),
+            })
+            .collect(),
+    )
+}
+
+#[utoipa::path(delete, path = "/api/v1/nodes/{name}", tag = "cluster",
+    params(("name" = String, Path, description = "Node name")),
+    responses(
+        (status = 204, description = "Node removed; its vote went to another node"),
+        (status = 404, description = "No such node", body = ErrorBody),
+        (status = 409, description = "It holds the last up-to-date replica of a volume", body = ErrorBody)))]
+pub async fn remove_node(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let name = NodeName::new(name).map_err(NodeError::from)?;
+    let id = state
+        .cluster
+        .state
+        .read()
+        .node_by_name(&name)
+        .map(|node| node.id)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "node_not_found",
+                format!("no node named '{name}': see `trireme node list`"),
+            )
+        })?;
+    state
+        .cluster
+        .write(Command::RemoveNode { node: id })
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn group_body(group: &ResourceGroup) -> GroupBody {
+    GroupBody {
+        name: group.name.to_string(),
+        place_count: group.place_count,
+        min_place_count: Some(group.min_place_count),
+        pools: group.pools.iter().map(|pool| pool.to_string()).collect(),
+        class: group.class.map(|class| class.to_string()),
+        replicas_on_different: group.replicas_on_different.clone(),
+        diskless_on_remaining: group.diskless_on_remaining,
+        on_no_quorum: Some(group.on_no_quorum.as_str().to_string()),
+    }
+}
+
+#[utoipa::path(get, path = "/api/v1/groups", tag = "cluster",
+    responses((status = 200, description = "Every resource group", body = [GroupBody])))]
+pub async fn list_groups(State(state): State<ApiState>) -> Json<Vec<GroupBody>> {
+    Json(
+        state
+            .cluster
+            .state
+            .read()
+            .groups
+            .values()
+            .map(group_body)
+            .collect(),
+    )
+}
+
+#[utoipa::path(post, path = "/api/v1/groups", tag = "cluster", request_body = GroupBody,
+    responses(
+        (status = 201, description = "Group created", body = GroupBody),
+        (status = 400, description = "Bad name, count, class or policy", body = ErrorBody),
+        (status = 409, description = "A group of that name exists", body = ErrorBody)))]
+pub async fn create_group(
+    State(state): State<ApiState>,
+    ApiJson(body): ApiJson<GroupBody>,
+) -> Result<(StatusCode, Json<GroupBody>), ApiError> {
+    let bad = |message: String| ApiError::bad_request("invalid_request", message);
+    let class = body
+        .class
+        .as_deref()
+        .map(|class| match class {
+            "nvme" => Ok(DeviceClass::Nvme),
+            "ssd" => Ok(DeviceClass::Ssd),
+            "hdd" => Ok(DeviceClass::Hdd),
+            other => Err(bad(format!("class '{other}' is not one of nvme, ssd, hdd"))),
+        })
+        .transpose()?;
+    let on_no_quorum = match body.on_no_quorum.as_deref() {
+        None | Some("io-error") => QuorumPolicy::IoError,
+        Some("suspend") => QuorumPolicy::Suspend,
+        Some(other) => {
+            return Err(bad(format!(
+                "on-no-quorum '{other}' is not one of io-error, suspend"
+            )))
+        }
+    };
+    for key in &body.replicas_on_different {
+        if key.is_empty() || key.contains(['=', ',', ' ']) {
+            return Err(bad(format!("label key '{key}' is not valid")));
+        }
+    }
+    let group = ResourceGroup {
+        name: GroupName::new(&body.name).map_err(NodeError::from)?,
+        place_count: body.place_count,
+        min_place_count: body.min_place_count.unwrap_or(body.place_count),
+        pools: body
+            .pools
+            .iter()
+            .map(PoolName::new)
+            .collect::<Result<_, _>>()
+            .map_err(NodeError::from)?,
+        class,
+        replicas_on_different: body.replicas_on_different.clone(),
+        diskless_on_remaining: body.diskless_on_remaining,
+        on_no_quorum,
+    };
+    let answer = group_body(&group);
+    state.cluster.write(Command::CreateGroup { group }).await?;
+    Ok((StatusCode::CREATED, Json(answer)))
+}
+
+#[utoipa::path(delete, path = "/api/v1/groups/{name}", tag = "cluster",
+    params(("name" = String, Path, description = "Group name")),
+    responses(
+        (status = 204, description = "Group deleted"),
+        (status = 404, description = "No such group", body = ErrorBody),
+        (status = 409, description = "Volumes use it, or it is the default group", body = ErrorBody)))]
+pub async fn delete_group(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let name = GroupName::new(name).map_err(NodeError::from)?;
+    state.cluster.write(Command::DeleteGroup { name }).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/api/v1/cluster/settings", tag = "cluster",
+    responses((status = 200, description = "Cluster-wide settings", body = SettingsBody)))]
+pub async fn show_settings(State(state): State<ApiState>) -> Json<SettingsBody> {
+    let settings = state.cluster.state.read().settings.clone();
+    Json(SettingsBody {
+        eviction_enabled: settings.eviction_enabled,
+        eviction_delay_secs: settings.eviction_delay_secs,
+    })
+}
+
+/// The shortest eviction delay accepted: shorter would evict nodes that
+/// are merely rebooting.
+pub const MIN_EVICTION_DELAY_SECS: u64 = 10;
+
+#[utoipa::path(put, path = "/api/v1/cluster/settings", tag = "cluster", request_body = SettingsBody,
+    responses(
+        (status = 200, description = "Settings changed", body = SettingsBody),
+        (status = 400, description = "Delay out of range", body = ErrorBody)))]
+pub async fn change_settings(
+    State(state): State<ApiState>,
+    ApiJson(body): ApiJson<SettingsBody>,
+) -> Result<Json<SettingsBody>, ApiError> {
+    if body.eviction_delay_secs < MIN_EVICTION_DELAY_SECS {
+        return Err(ApiError::bad_request(
+            "invalid_request",
+            format!(
+                "eviction delay {} s is too short: use at least {MIN_EVICTION_DELAY_SECS} s",
+                body.eviction_delay_secs
+            ),
+        ));
+    }
+    state
+        .cluster
+        .write(Command::SetSettings {
+            settings: trireme_control::ClusterSettings {
+                eviction_enabled: body.eviction_enabled,
+                eviction_delay_secs: body.eviction_delay_secs,
+            },
+        })
+        .await?;
+    Ok(Json(body))
+}
+
+#[utoipa::path(get, path = "/api/v1/cluster/join-token", tag = "cluster",
+    responses((status = 200, description = "The token that lets a machine join", body = JoinTokenResponse)))]
+pub async fn join_token(State(state): State<ApiState>) -> Json<JoinTokenResponse> {
+    let token = state.cluster.join_token();
+    Json(JoinTokenResponse {
+        command: format!(
+            "trireme node run --join {} --token {token}",
+            state.cluster.api_address
+        ),
+        token,
+    })
+}
+
+#[utoipa::path(get, path = "/api/v1/status", tag = "cluster",
+    responses((status = 200, description = "One screen of cluster health", body = StatusResponse)))]
+pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
+    let leader = state.cluster.leader();
+    let cluster_state = state.cluster.state.read();
+    let membership = cluster_state.membership();
+    let voter_ids: BTreeSet<u64> = membership.voter_ids().collect();
+    let learner_ids: Vec<u64> = membership.learner_ids().collect();
+    let mut warnings = Vec::new();
+    let mut nodes = CountBy::default();
+    let (mut pools, mut capacity, mut free) = (0, 0, 0);
+    for node in cluster_state.nodes.values() {
+        nodes.total += 1;
+        match node.state {
+            NodeState::Online => nodes.online += 1,
+            NodeState::Offline => {
+                nodes.offline += 1;
+                warnings.push(format!(
+                    "node {} is offline for {} s: start `trireme node run` on it again, or remove it with `trireme node remove {}`",
+                    node.name,
+                    seconds_since(node.state_since_ms),
+                    node.name
+                ));
+            }
+            NodeState::Evicted => {
+                nodes.evicted += 1;
+                warnings.push(format!(
+                    "node {} was evicted (its replicas were placed elsewhere): remove it with `trireme node remove {}`, or start it again",
+                    node.name, node.name
+                ));
+            }
+        }
+        for (name, pool) in &node.pools {
+            pools += 1;
+            capacity += pool.capacity_bytes;
+            free += pool.free_bytes;
+            if !pool.online {
+                warnings.push(format!(
+                    "pool {name} on node {} is offline: check its device, then restart the node",
+                    node.name
+                ));
+            } else if pool.capacity_bytes > 0
+                && (pool.capacity_bytes - pool.free_bytes.min(pool.capacity_bytes)) * 100
+                    >= pool.capacity_bytes * POOL_FULL_WARNING_PERCENT
+            {
+                warnings.push(format!(
+                    "pool {name} on node {} is {}% full ({} free): add a pool or delete volumes",
+                    node.name,
+                    100 - pool.free_bytes * 100 / pool.capacity_bytes,
+                    format_size(pool.free_bytes)
+                ));
+            }
+        }
+    }
+    if leader.is_none() {
+        warnings.push(format!(
+            "the control plane has no leader: start the stopped voters ({})",
+            voter_ids
+                .iter()
+                .map(|id| cluster_state.node_name(trireme_types::NodeId(*id)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if nodes.total >= 3 && voter_ids.len() < 3 {
+        warnings.push(format!(
+            "only {} voter(s) with {} nodes: the leader adds voters once nodes are online and caught up",
+            voter_ids.len(),
+            nodes.total
+        ));
+    }
+    let mut volumes = VolumeCounts::default();
+    let mut provisioned = 0;
+    for volume in cluster_state.volumes.values() {
+        volumes.total += 1;
+        provisioned += volume.size_bytes;
+        match volume_state(volume, &cluster_state) {
+            "ready" => volumes.ready += 1,
+            "creating" => volumes.creating += 1,
+            "degraded" => volumes.degraded += 1,
+            "failed" => volumes.failed += 1,
+            _ => volumes.deleting += 1,
+        }
+        for replica in volume.diskful() {
+            if let ReplicaObserved::Failed(message) = &replica.observed {
+                warnings.push(format!(
+                    "volume {}: the replica on {} failed ({message}): fix the pool, the node retries every few seconds",
+                    volume.name,
+                    cluster_state.node_name(replica.node)
+                ));
+            }
+        }
+        let diskful = volume.diskful().count();
+        let wanted = cluster_state
+            .groups
+            .get(&volume.group)
+            .map(|group| group.place_count)
+            .unwrap_or(diskful);
+        let with_pools = cluster_state
+            .nodes
+            .values()
+            .filter(|node| node.state == NodeState::Online && !node.pools.is_empty())
+            .count();
+        if diskful < wanted && with_pools > diskful && !volume.deleting {
+            warnings.push(format!(
+                "volume {} has {diskful} of {wanted} replicas though {with_pools} nodes have pools: adding replicas to existing volumes comes with replication (not built yet)",
+                volume.name
+            ));
+        }
+    }
+    let this_node = cluster_state.node_name(state.cluster.node_id());
+    Json(StatusResponse {
+        cluster_id: state.cluster.identity.cluster_id.clone(),
+        health: if warnings.is_empty() {
+            "HEALTH_OK"
+        } else {
+            "HEALTH_WARN"
+        }
+        .to_string(),
+        this_node,
+        leader: leader.map(|id| cluster_state.node_name(id)),
+        voters: voter_ids
+            .iter()
+            .map(|id| cluster_state.node_name(trireme_types::NodeId(*id)))
+            .collect(),
+        learners: learner_ids
+            .iter()
+            .map(|id| cluster_state.node_name(trireme_types::NodeId(*id)))
+            .collect(),
+        nodes,
+        pools,
+        capacity_bytes: capacity,
+        free_bytes: free,
+        provisioned_bytes: provisioned,
+        volumes,
+        warnings,
+        eviction_enabled: cluster_state.settings.eviction_enabled,
+        eviction_delay_secs: cluster_state.settings.eviction_delay_secs,
+    })
+}

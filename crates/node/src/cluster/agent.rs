@@ -1,0 +1,214 @@
+//! The agent: makes this node's storage match the cluster state, and
+//! reports what it observed.
+//!
+//! On every change of the local state copy (and every few seconds):
+//! - each diskful replica placed here gets its store volume (created or
+//!   grown to the recorded size) and is reported ready, or failed with why;
+//! - each replica here of a volume being deleted is removed and reported;
+//! - a local volume the cluster does not know (made before this node was in
+//!   a cluster) is registered as a one-replica volume on this node;
+//! - the node's pools (class, capacity, free) are reported when they change.
+//!
+//! The agent only reads the local copy of the state, so the volumes it
+//! already serves keep being served while the cluster has no leader.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use trireme_control::{
+    Command, PoolRecord, PoolReport, ReplicaKind, ReplicaObserved, VolumeRecord,
+};
+use trireme_types::{PoolName, VolumeName};
+
+use super::{auth, Cluster};
+use crate::node::PoolStatus;
+use crate::{Node, NodeError};
+
+/// Reconcile at least this often, even without state changes.
+const RESYNC_INTERVAL: Duration = Duration::from_secs(5);
+/// Report a pool's free bytes again when they moved by more than this
+/// share of its capacity (1/64 ≈ 1.6%): placement needs a rough figure,
+/// and the log should not grow with every write.
+const FREE_BYTES_REPORT_SHARE: u64 = 64;
+
+pub async fn run(cluster: Arc<Cluster>, node: Arc<Node>, mut stop: watch::Receiver<bool>) {
+    let mut changes = cluster.state.subscribe();
+    loop {
+        if let Err(error) = reconcile(&cluster, &node).await {
+            tracing::warn!(%error, "reconciling this node's replicas failed; retrying");
+        }
+        tokio::select! {
+            _ = changes.changed() => {}
+            _ = tokio::time::sleep(RESYNC_INTERVAL) => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    node: &Arc<Node>,
+    work: impl FnOnce(&Node) -> Result<T, NodeError> + Send + 'static,
+) -> Result<T, NodeError> {
+    let node = node.clone();
+    tokio::task::spawn_blocking(move || work(&node))
+        .await
+        .map_err(|error| NodeError::Internal(error.to_string()))?
+}
+
+pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), NodeError> {
+    let me = cluster.node_id();
+    let (mine, known, recorded_pools): (
+        Vec<VolumeRecord>,
+        Vec<VolumeName>,
+        BTreeMap<PoolName, PoolRecord>,
+    ) = {
+        let state = cluster.state.read();
+        if !state.nodes.contains_key(&me) {
+            // Not (yet, or no longer) a member: nothing is ours.
+            return Ok(());
+        }
+        (
+            state
+                .volumes
+                .values()
+                .filter(|volume| {
+                    volume
+                        .replica(me)
+                        .is_some_and(|replica| replica.kind == ReplicaKind::Diskful)
+                })
+                .cloned()
+                .collect(),
+            state.volumes.keys().cloned().collect(),
+            state.nodes[&me].pools.clone(),
+        )
+    };
+    let local = blocking(node, |node| node.volumes()).await?;
+    let local_by_name: BTreeMap<VolumeName, trireme_store::VolumeInfo> = local
+        .into_iter()
+        .map(|info| (info.name.clone(), info))
+        .collect();
+
+    for volume in mine {
+        let replica = volume.replica(me).expect("filtered above").clone();
+        let existing = local_by_name.get(&volume.name);
+        if volume.deleting {
+            if existing.is_some() {
+                let name = volume.name.clone();
+                blocking(node, move |node| node.delete_volume(&name)).await?;
+            }
+            cluster
+                .write(Command::ReplicaRemoved {
+                    volume: volume.name.clone(),
+                    volume_id: volume.id,
+                    node: me,
+                })
+                .await
+                .map_err(|error| NodeError::Internal(error.to_string()))?;
+            continue;
+        }
+        let outcome = match existing {
+            Some(info) if info.size_bytes >= volume.size_bytes => Ok(info.clone()),
+            Some(_) => {
+                let (name, size) = (volume.name.clone(), volume.size_bytes);
+                blocking(node, move |node| node.grow_volume(&name, size)).await
+            }
+            None => {
+                let (name, size, pool) =
+                    (volume.name.clone(), volume.size_bytes, replica.pool.clone());
+                blocking(node, move |node| {
+                    node.create_volume(&name, size, pool.as_ref())
+                })
+                .await
+            }
+        };
+        let (observed, allocated) = match outcome {
+            Ok(info) => (ReplicaObserved::Ready, info.allocated_bytes),
+            Err(error) => {
+                tracing::warn!(volume = %volume.name, %error, "cannot make the local replica");
+                (ReplicaObserved::Failed(error.to_string()), 0)
+            }
+        };
+        let allocated_moved = allocated.abs_diff(replica.allocated_bytes)
+            > volume.size_bytes / FREE_BYTES_REPORT_SHARE;
+        if observed != replica.observed || allocated_moved {
+            cluster
+                .write(Command::ReportReplica {
+                    volume: volume.name.clone(),
+                    volume_id: volume.id,
+                    node: me,
+                    observed,
+                    allocated_bytes: allocated,
+                })
+                .await
+                .map_err(|error| NodeError::Internal(error.to_string()))?;
+        }
+    }
+
+    // Volumes from before this node was in a cluster become cluster volumes.
+    for (name, info) in &local_by_name {
+        if known.contains(name) {
+            continue;
+        }
+        tracing::info!(volume = %name, pool = %info.pool, "registering a local volume with the cluster");
+        let result = cluster
+            .write(Command::CreateVolume {
+                name: name.clone(),
+                size_bytes: info.size_bytes,
+                group: None,
+                replicas: None,
+                nodes: None,
+                pool: None,
+                adopt: Some((me, info.pool.clone())),
+                now_ms: auth::now_ms(),
+            })
+            .await;
+        if let Err(error) = result {
+            tracing::warn!(volume = %name, %error, "cannot register the local volume");
+        }
+    }
+
+    let pools = blocking(node, |node| node.pools()).await?;
+    let reports: Vec<PoolReport> = pools.iter().map(pool_report).collect();
+    let changed = reports.len() != recorded_pools.len()
+        || reports
+            .iter()
+            .any(|report| match recorded_pools.get(&report.name) {
+                None => true,
+                Some(recorded) => {
+                    recorded.class != report.record.class
+                        || recorded.online != report.record.online
+                        || recorded.capacity_bytes != report.record.capacity_bytes
+                        || recorded.free_bytes.abs_diff(report.record.free_bytes)
+                            > report.record.capacity_bytes / FREE_BYTES_REPORT_SHARE
+                }
+            });
+    if changed {
+        cluster
+            .write(Command::ReportPools {
+                node: me,
+                pools: reports,
+            })
+            .await
+            .map_err(|error| NodeError::Internal(error.to_string()))?;
+    }
+    Ok(())
+}
+
+fn pool_report(status: &PoolStatus) -> PoolReport {
+    let (capacity_bytes, free_bytes) = status
+        .info
+        .as_ref()
+        .map(|info| (info.capacity_bytes, info.free_bytes))
+        .unwrap_or((0, 0));
+    PoolReport {
+        name: status.record.name.clone(),
+        record: PoolRecord {
+            class: status.record.class,
+            capacity_bytes,
+            free_bytes,
+            online: status.info.is_some(),
+            reported_ms: auth::now_ms(),
+        },
+    }
+}

@@ -1,0 +1,323 @@
+//! `/internal/v1`: what nodes ask each other. Every endpoint but `join`
+//! needs a signed request from a member (see [`super::auth`]); `join` is
+//! signed with the join token instead.
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use openraft::BasicNode;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use trireme_control::raft::{ClientWriteError, CommandResult, RaftError};
+use trireme_control::{Command, CommandError, NodeRegistration, Reply};
+use trireme_types::NodeId;
+
+use super::{auth, peer, Cluster, ClusterError};
+use crate::api::ApiError;
+
+pub const PATH_APPEND: &str = "/internal/v1/raft/append";
+pub const PATH_VOTE: &str = "/internal/v1/raft/vote";
+pub const PATH_SNAPSHOT: &str = "/internal/v1/raft/snapshot";
+pub const PATH_WRITE: &str = "/internal/v1/write";
+pub const PATH_JOIN: &str = "/internal/v1/join";
+pub const PATH_HEARTBEAT: &str = "/internal/v1/heartbeat";
+/// Snapshot chunks and log batches are bigger than a REST body.
+const INTERNAL_BODY_LIMIT: usize = 64 << 20;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum WriteOutcome {
+    /// The result, and the log index it was committed at.
+    Applied(CommandResult, u64),
+    /// This node is not the leader (any more): ask again.
+    NotLeader,
+    Failed(String),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinRequest {
+    pub cluster_id: String,
+    pub node: NodeRegistration,
+    /// Fresh for every join; remembered by the cluster to refuse replays.
+    pub nonce: String,
+    pub time_ms: u64,
+    /// [`auth::join_mac`] of [`JoinRequest::canonical`] under the join secret.
+    pub mac: String,
+}
+
+impl JoinRequest {
+    pub fn canonical(&self) -> Vec<u8> {
+        serde_json::to_vec(&(&self.cluster_id, &self.node, &self.nonce, self.time_ms))
+            .expect("a join request serialises")
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinResponse {
+    pub cluster_id: String,
+    pub node_id: NodeId,
+    /// The cluster secret, sealed for this join (see [`auth::seal_secret`]).
+    pub sealed_secret: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub node: NodeId,
+}
+
+pub fn router(cluster: Arc<Cluster>) -> Router {
+    Router::new()
+        .route(PATH_APPEND, post(append))
+        .route(PATH_VOTE, post(vote))
+        .route(PATH_SNAPSHOT, post(snapshot))
+        .route(PATH_WRITE, post(write))
+        .route(PATH_HEARTBEAT, post(heartbeat))
+        .route(PATH_JOIN, post(join))
+        .layer(DefaultBodyLimit::max(INTERNAL_BODY_LIMIT))
+        .with_state(cluster)
+}
+
+fn unauthorized(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", message)
+}
+
+/// Checks a member's signature; returns the sender and the parsed body.
+fn verified<T: serde::de::DeserializeOwned>(
+    cluster: &Cluster,
+    headers: &HeaderMap,
+    path: &str,
+    body: &[u8],
+) -> Result<(NodeId, T), ApiError> {
+    let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    let (Some(node), Some(time), Some(mac)) = (
+        header(auth::HEADER_NODE).and_then(|v| v.parse::<u64>().ok()),
+        header(auth::HEADER_TIME).and_then(|v| v.parse::<u64>().ok()),
+        header(auth::HEADER_MAC),
+    ) else {
+        return Err(unauthorized(
+            "node-to-node request without its signature headers",
+        ));
+    };
+    let node = NodeId(node);
+    let skew = auth::now_ms().abs_diff(time);
+    if skew > auth::REQUEST_WINDOW_MS {
+        return Err(unauthorized(format!(
+            "request from node {node} is {} s off this node's clock; synchronise the clocks (NTP)",
+            skew / 1000
+        )));
+    }
+    if !auth::request_mac_matches(
+        &cluster.identity.secret_bytes(),
+        node,
+        "POST",
+        path,
+        time,
+        body,
+        mac,
+    ) {
+        return Err(unauthorized(format!(
+            "request claiming to be node {node} has a bad signature: it is not a member of cluster {}",
+            cluster.identity.cluster_id
+        )));
+    }
+    {
+        let state = cluster.state.read();
+        // A node that just joined has no state yet and must accept its
+        // leader's first messages.
+        if !state.nodes.is_empty() && !state.nodes.contains_key(&node) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "unknown_node",
+                format!(
+                    "node {node} is not a member of cluster {} (removed?)",
+                    cluster.identity.cluster_id
+                ),
+            ));
+        }
+    }
+    let parsed = serde_json::from_slice(body)
+        .map_err(|error| ApiError::bad_request("invalid_body", format!("{path}: {error}")))?;
+    Ok((node, parsed))
+}
+
+async fn append(
+    State(cluster): State<Arc<Cluster>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Result<openraft::raft::AppendEntriesResponse<u64>, RaftError>>, ApiError> {
+    let (_, request) = verified(&cluster, &headers, PATH_APPEND, &body)?;
+    Ok(Json(cluster.raft.append_entries(request).await))
+}
+
+async fn vote(
+    State(cluster): State<Arc<Cluster>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Result<openraft::raft::VoteResponse<u64>, RaftError>>, ApiError> {
+    let (_, request) = verified(&cluster, &headers, PATH_VOTE, &body)?;
+    Ok(Json(cluster.raft.vote(request).await))
+}
+
+type SnapshotAnswer = Result<
+    openraft::raft::InstallSnapshotResponse<u64>,
+    RaftError<openraft::error::InstallSnapshotError>,
+>;
+
+async fn snapshot(
+    State(cluster): State<Arc<Cluster>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<SnapshotAnswer>, ApiError> {
+    let (_, request) = verified(&cluster, &headers, PATH_SNAPSHOT, &body)?;
+    Ok(Json(cluster.raft.install_snapshot(request).await))
+}
+
+async fn write(
+    State(cluster): State<Arc<Cluster>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<WriteOutcome>, ApiError> {
+    let (_, command): (_, Command) = verified(&cluster, &headers, PATH_WRITE, &body)?;
+    Ok(Json(match cluster.raft.client_write(command).await {
+        Ok(response) => WriteOutcome::Applied(response.data, response.log_id.index),
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => WriteOutcome::NotLeader,
+        Err(error) => WriteOutcome::Failed(error.to_string()),
+    }))
+}
+
+async fn heartbeat(
+    State(cluster): State<Arc<Cluster>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<bool>, ApiError> {
+    let (sender, beat): (_, Heartbeat) = verified(&cluster, &headers, PATH_HEARTBEAT, &body)?;
+    if sender != beat.node {
+        return Err(unauthorized("a node may only heartbeat for itself"));
+    }
+    cluster.liveness.seen(sender);
+    Ok(Json(cluster.is_leader()))
+}
+
+fn join_refused(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::FORBIDDEN, "join_refused", message)
+}
+
+async fn join(
+    State(cluster): State<Arc<Cluster>>,
+    body: Bytes,
+) -> Result<Json<JoinResponse>, ApiError> {
+    let request: JoinRequest = serde_json::from_slice(&body)
+        .map_err(|error| ApiError::bad_request("invalid_body", format!("join request: {error}")))?;
+    if !cluster.is_leader() {
+        return forward_join(&cluster, &request).await.map(Json);
+    }
+    if request.cluster_id != cluster.identity.cluster_id {
+        return Err(join_refused(format!(
+            "the token is for cluster {}, but this node belongs to cluster {}",
+            request.cluster_id, cluster.identity.cluster_id
+        )));
+    }
+    let now = auth::now_ms();
+    if now.abs_diff(request.time_ms) > auth::JOIN_WINDOW_MS {
+        return Err(join_refused(format!(
+            "the join request is {} s away from this node's clock; synchronise the clocks and try again",
+            now.abs_diff(request.time_ms) / 1000
+        )));
+    }
+    let join_secret = cluster.state.read().join_secret.clone();
+    if !auth::join_mac_matches(&join_secret, &request.canonical(), &request.mac) {
+        return Err(join_refused(
+            "wrong join token: print the current one with `trireme cluster join-token` on a member",
+        ));
+    }
+    let reply = cluster
+        .write(Command::AddNode {
+            node: request.node.clone(),
+            nonce: request.nonce.clone(),
+            now_ms: now,
+        })
+        .await
+        .map_err(|error| match error {
+            ClusterError::Refused(refusal @ CommandError::JoinReplayed) => {
+                join_refused(refusal.to_string())
+            }
+            ClusterError::Refused(refusal) => {
+                ApiError::new(StatusCode::CONFLICT, "join_refused", refusal.to_string())
+            }
+            other => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_leader",
+                other.to_string(),
+            ),
+        })?;
+    let Reply::NodeAdded { node } = reply else {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "adding the node gave no node id",
+        ));
+    };
+    // The membership task would also do it; doing it now saves a second.
+    if let Err(error) = cluster
+        .raft
+        .add_learner(node.0, BasicNode::new(&request.node.api_address), false)
+        .await
+    {
+        tracing::warn!(%error, node = %node, "adding the new node as a learner failed; the leader retries");
+    }
+    tracing::info!(node = %node, name = %request.node.name, address = %request.node.api_address, "node joined");
+    Ok(Json(JoinResponse {
+        cluster_id: cluster.identity.cluster_id.clone(),
+        node_id: node,
+        sealed_secret: auth::seal_secret(
+            &join_secret,
+            &request.nonce,
+            &cluster.identity.secret_bytes(),
+        ),
+    }))
+}
+
+async fn forward_join(cluster: &Cluster, request: &JoinRequest) -> Result<JoinResponse, ApiError> {
+    let leader = cluster.leader().and_then(|leader| {
+        cluster
+            .state
+            .read()
+            .membership()
+            .get_node(&leader.0)
+            .map(|node| node.addr.clone())
+    });
+    let Some(address) = leader else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_leader",
+            "the cluster has no leader right now; try again in a few seconds",
+        ));
+    };
+    let response = peer::PeerClient::http()
+        .post(format!("http://{address}{PATH_JOIN}"))
+        .json(request)
+        .send()
+        .await
+        .map_err(|error| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_leader",
+                format!("cannot reach the leader at {address}: {error}"),
+            )
+        })?;
+    let status = response.status();
+    match peer::read_answer::<JoinResponse>(&address, response).await {
+        Ok(answer) => Ok(answer),
+        Err(peer::PeerError::Status { body, .. }) => Err(ApiError::new(
+            StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
+            "join_refused",
+            body,
+        )),
+        Err(error) => Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "join_failed",
+            error.to_string(),
+        )),
+    }
+}

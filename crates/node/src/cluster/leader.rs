@@ -1,0 +1,254 @@
+//! Background work around leadership:
+//! - every node heartbeats to the leader ([`heartbeat_loop`]);
+//! - the leader turns heartbeats into online/offline states, evicts nodes
+//!   offline for longer than the eviction delay (when switched on), and
+//!   keeps the voters right ([`leader_loop`]).
+//!
+//! Voters: one while the cluster has one or two nodes, three from three
+//! nodes, five from five; further nodes are learners. An even number of
+//! voters would tolerate no more failures than one fewer.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use trireme_control::{Command, NodeState};
+use trireme_types::NodeId;
+
+use super::internal::{Heartbeat, PATH_HEARTBEAT};
+use super::{auth, Cluster, HEARTBEAT_INTERVAL, OFFLINE_AFTER};
+
+/// The most voters the control plane uses.
+pub const MAX_VOTERS: usize = 5;
+
+/// When the leader last heard from each node (leader-local, not replicated).
+#[derive(Default)]
+pub struct Liveness {
+    seen: Mutex<HashMap<NodeId, Instant>>,
+}
+
+impl Liveness {
+    pub fn seen(&self, node: NodeId) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node, Instant::now());
+    }
+
+    fn last_seen(&self, node: NodeId) -> Option<Instant> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node)
+            .copied()
+    }
+
+    /// A new leader gives every node a fresh grace period.
+    fn reset_all(&self, nodes: impl Iterator<Item = NodeId>) {
+        let now = Instant::now();
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.clear();
+        seen.extend(nodes.map(|node| (node, now)));
+    }
+}
+
+pub fn voter_target(nodes: usize) -> usize {
+    match nodes {
+        0..=2 => 1,
+        3..=4 => 3,
+        _ => MAX_VOTERS,
+    }
+}
+
+pub async fn heartbeat_loop(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>) {
+    let mut ticker = tokio::time::interval(HEARTBEAT_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+        let me = cluster.node_id();
+        let Some(leader) = cluster.leader() else {
+            continue;
+        };
+        if leader == me {
+            cluster.liveness.seen(me);
+            continue;
+        }
+        let address = cluster
+            .state
+            .read()
+            .membership()
+            .get_node(&leader.0)
+            .map(|node| node.addr.clone());
+        if let Some(address) = address {
+            if let Err(error) = cluster
+                .peers
+                .post::<_, bool>(&address, PATH_HEARTBEAT, &Heartbeat { node: me })
+                .await
+            {
+                tracing::debug!(%error, "heartbeat to the leader failed");
+            }
+        }
+    }
+}
+
+pub async fn leader_loop(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>) {
+    let mut ticker = tokio::time::interval(Duration::from_millis(500));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut was_leader = false;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+        if !cluster.is_leader() {
+            was_leader = false;
+            continue;
+        }
+        if !was_leader {
+            let nodes: Vec<NodeId> = cluster.state.read().nodes.keys().copied().collect();
+            cluster.liveness.reset_all(nodes.into_iter());
+            was_leader = true;
+        }
+        update_liveness(&cluster).await;
+        manage_membership(&cluster).await;
+    }
+}
+
+async fn update_liveness(cluster: &Cluster) {
+    let now = Instant::now();
+    let now_ms = auth::now_ms();
+    let (changes, evictions) = {
+        let state = cluster.state.read();
+        let mut changes = Vec::new();
+        let mut evictions = Vec::new();
+        for node in state.nodes.values() {
+            let alive = node.id == cluster.node_id()
+                || cluster
+                    .liveness
+                    .last_seen(node.id)
+                    .is_some_and(|seen| now.duration_since(seen) < OFFLINE_AFTER);
+            match (node.state, alive) {
+                (NodeState::Online, false) => changes.push((node.id, NodeState::Offline)),
+                (NodeState::Offline | NodeState::Evicted, true) => {
+                    changes.push((node.id, NodeState::Online))
+                }
+                (NodeState::Offline, false)
+                    if state.settings.eviction_enabled
+                        && now_ms.saturating_sub(node.state_since_ms)
+                            >= state.settings.eviction_delay_secs * 1000 =>
+                {
+                    // `state_since_ms` restarts at every return online, so
+                    // a flapping node never stays offline long enough.
+                    evictions.push(node.id)
+                }
+                _ => {}
+            }
+        }
+        (changes, evictions)
+    };
+    for (node, state) in changes {
+        tracing::info!(node = %node, state = state.as_str(), "node state changes");
+        if let Err(error) = cluster
+            .write(Command::SetNodeState {
+                node,
+                state,
+                now_ms,
+            })
+            .await
+        {
+            tracing::warn!(%error, "recording a node state failed");
+        }
+    }
+    for node in evictions {
+        match cluster.write(Command::EvictNode { node, now_ms }).await {
+            Ok(reply) => tracing::warn!(node = %node, ?reply, "node evicted"),
+            Err(error) => tracing::warn!(%error, node = %node, "evicting failed"),
+        }
+    }
+}
+
+async fn manage_membership(cluster: &Cluster) {
+    let (members, voters, nodes, online) = {
+        let state = cluster.state.read();
+        let membership = state.membership();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let members: BTreeSet<u64> = membership.nodes().map(|(id, _)| *id).collect();
+        let nodes: Vec<(u64, String)> = state
+            .nodes
+            .values()
+            .map(|node| (node.id.0, node.api_address.clone()))
+            .collect();
+        let online: BTreeSet<u64> = state
+            .nodes
+            .values()
+            .filter(|node| node.state == NodeState::Online)
+            .map(|node| node.id.0)
+            .collect();
+        (members, voters, nodes, online)
+    };
+    let in_state: BTreeSet<u64> = nodes.iter().map(|(id, _)| *id).collect();
+    // Nodes the state knows but Raft does not: new joins.
+    for (id, address) in &nodes {
+        if !members.contains(id) {
+            if let Err(error) = cluster
+                .raft
+                .add_learner(*id, openraft::BasicNode::new(address), false)
+                .await
+            {
+                tracing::warn!(%error, node = id, "adding a learner failed");
+            }
+            return;
+        }
+    }
+    // Removed nodes lose their vote, and their seat goes to an online node.
+    let removed: BTreeSet<u64> = members.difference(&in_state).copied().collect();
+    let mut wanted: BTreeSet<u64> = voters.difference(&removed).copied().collect();
+    let target = voter_target(in_state.len());
+    if wanted.len() < target {
+        let caught_up = caught_up_learners(cluster);
+        for id in online.iter().filter(|id| caught_up.contains(id)) {
+            if wanted.len() >= target {
+                break;
+            }
+            wanted.insert(*id);
+        }
+    }
+    // Keep an odd number: drop the most recently added extra voter.
+    if wanted.len() > 1 && wanted.len().is_multiple_of(2) && wanted.len() > target {
+        let last = *wanted.iter().next_back().expect("not empty");
+        wanted.remove(&last);
+    }
+    if wanted.is_empty() || (wanted == voters && removed.is_empty()) {
+        return;
+    }
+    tracing::info!(?voters, ?wanted, ?removed, "changing the voters");
+    match cluster.raft.change_membership(wanted.clone(), false).await {
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "changing the voters failed"),
+    }
+    if !removed.is_empty() {
+        let remove = openraft::ChangeMembers::RemoveNodes(removed);
+        if let Err(error) = cluster.raft.change_membership(remove, false).await {
+            tracing::warn!(%error, "removing members failed");
+        }
+    }
+}
+
+/// Learners whose log is close enough to the leader's to vote at once.
+fn caught_up_learners(cluster: &Cluster) -> BTreeSet<u64> {
+    let metrics = cluster.raft.metrics().borrow().clone();
+    let last = metrics.last_log_index.unwrap_or(0);
+    metrics
+        .replication
+        .map(|replication| {
+            replication
+                .into_iter()
+                .filter(|(_, matched)| matched.is_some_and(|matched| matched.index + 100 >= last))
+                .map(|(id, _)| id)
+                .collect()
+        })
+        .unwrap_or_default()
+}

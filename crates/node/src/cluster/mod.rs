@@ -1,0 +1,217 @@
+//! The node's membership in its cluster: the Raft member, the signed
+//! node-to-node HTTP client, forwarding of writes to the leader, and the
+//! background work (heartbeats, liveness, membership, the agent).
+//!
+//! - [`identity`]: `DATA/cluster.json`.
+//! - [`auth`]: join tokens, request signatures, the admin token.
+//! - [`peer`]: the signed HTTP client, and the Raft network over it.
+//! - [`start`]: creating a cluster, joining one, or rejoining after a restart.
+//! - [`internal`]: the `/internal/v1` endpoints other nodes call.
+//! - [`leader`]: what only the leader does: liveness, eviction, voters.
+//! - [`agent`]: what every node does: reconcile its replicas, report pools.
+
+pub mod agent;
+pub mod auth;
+pub mod identity;
+pub mod internal;
+pub mod leader;
+pub mod peer;
+pub mod start;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use trireme_control::raft::{ClientWriteError, Raft, RaftError, StateReader};
+use trireme_control::{Command, CommandError, NodeState, Reply};
+use trireme_types::{NodeId, NodeName};
+
+use identity::Identity;
+use peer::PeerClient;
+
+/// How long a write waits for a leader (elections take a few seconds).
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a write waits for this node to apply it after it committed.
+pub const APPLY_WAIT: Duration = Duration::from_secs(5);
+/// How often every node tells the leader it is alive.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(1000);
+/// A node the leader has not heard from for this long is offline.
+pub const OFFLINE_AFTER: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub name: NodeName,
+    pub labels: BTreeMap<String, String>,
+    /// `ADDRESS` of any member and the join token, for a first start.
+    pub join: Option<(String, String)>,
+    pub trust_loopback: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Refused(#[from] CommandError),
+    #[error("the control plane has no leader (waited {waited:?}): {detail}. Check that a majority of the voters ({voters}) is running and reachable")]
+    NoLeader {
+        waited: Duration,
+        detail: String,
+        voters: String,
+    },
+    #[error("joining failed: {0}")]
+    Join(String),
+    #[error("control plane: {0}")]
+    Internal(String),
+}
+
+/// This node's handle on the cluster.
+pub struct Cluster {
+    pub identity: Identity,
+    pub raft: Raft,
+    pub state: StateReader,
+    pub peers: PeerClient,
+    pub config: ClusterConfig,
+    /// Where the node's REST API listens, as recorded in the cluster state.
+    pub api_address: String,
+    pub nbd_address: Option<String>,
+    pub liveness: leader::Liveness,
+}
+
+impl Cluster {
+    pub fn node_id(&self) -> NodeId {
+        self.identity.node_id
+    }
+
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader.map(NodeId)
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader() == Some(self.node_id())
+    }
+
+    pub fn admin_token(&self) -> String {
+        auth::admin_token(&self.identity.secret_bytes())
+    }
+
+    pub fn join_token(&self) -> String {
+        auth::JoinToken {
+            cluster_id: self.identity.cluster_id.clone(),
+            secret: self.state.read().join_secret.clone(),
+        }
+        .to_string()
+    }
+
+    fn voters_text(&self) -> String {
+        let state = self.state.read();
+        let names: Vec<String> = state
+            .membership()
+            .voter_ids()
+            .map(|id| state.node_name(NodeId(id)))
+            .collect();
+        names.join(", ")
+    }
+
+    /// Commits a command through the leader, wherever it is, and returns
+    /// what applying it gave. Waits up to [`WRITE_TIMEOUT`] for a leader.
+    pub async fn write(&self, command: Command) -> Result<Reply, ClusterError> {
+        let started = Instant::now();
+        let mut last_problem;
+        loop {
+            match self.raft.client_write(command.clone()).await {
+                Ok(response) => {
+                    self.wait_applied(response.log_id.index).await;
+                    return response.data.0.map_err(ClusterError::Refused);
+                }
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                    match forward.leader_node {
+                        Some(leader) => {
+                            match self
+                                .peers
+                                .post::<_, internal::WriteOutcome>(
+                                    &leader.addr,
+                                    internal::PATH_WRITE,
+                                    &command,
+                                )
+                                .await
+                            {
+                                Ok(internal::WriteOutcome::Applied(result, index)) => {
+                                    self.wait_applied(index).await;
+                                    return result.0.map_err(ClusterError::Refused);
+                                }
+                                Ok(internal::WriteOutcome::NotLeader) => {
+                                    last_problem = format!(
+                                        "node {} at {} is no longer the leader",
+                                        forward.leader_id.unwrap_or_default(),
+                                        leader.addr
+                                    );
+                                }
+                                Ok(internal::WriteOutcome::Failed(error)) => {
+                                    return Err(ClusterError::Internal(error))
+                                }
+                                Err(error) => {
+                                    last_problem = format!(
+                                        "the leader at {} did not answer: {error}",
+                                        leader.addr
+                                    );
+                                }
+                            }
+                        }
+                        None => last_problem = "no leader is known".into(),
+                    }
+                }
+                Err(RaftError::APIError(other)) => {
+                    return Err(ClusterError::Internal(other.to_string()))
+                }
+                Err(RaftError::Fatal(fatal)) => {
+                    return Err(ClusterError::Internal(format!("Raft stopped: {fatal}")))
+                }
+            }
+            if started.elapsed() > WRITE_TIMEOUT {
+                return Err(ClusterError::NoLeader {
+                    waited: WRITE_TIMEOUT,
+                    detail: last_problem,
+                    voters: self.voters_text(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+    }
+
+    /// Waits (briefly) until this node's copy of the state has applied log
+    /// index `index`, so that whoever wrote through this node reads its own
+    /// write from it next.
+    async fn wait_applied(&self, index: u64) {
+        let mut applied = self.state.subscribe();
+        let _ =
+            tokio::time::timeout(APPLY_WAIT, applied.wait_for(|applied| *applied >= index)).await;
+    }
+
+    /// Waits until this node's copy of the state satisfies `done`, or
+    /// `timeout` passes; returns whether it did.
+    pub async fn wait_for_state(
+        &self,
+        timeout: Duration,
+        mut done: impl FnMut(&trireme_control::ClusterState) -> bool,
+    ) -> bool {
+        let mut changes = self.state.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if done(&self.state.read()) {
+                return true;
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return done(&self.state.read()),
+            }
+        }
+    }
+
+    pub fn node_state(&self, node: NodeId) -> Option<NodeState> {
+        self.state
+            .read()
+            .nodes
+            .get(&node)
+            .map(|record| record.state)
+    }
+}
+
+pub type SharedCluster = Arc<Cluster>;
