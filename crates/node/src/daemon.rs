@@ -24,7 +24,9 @@ use crate::cluster::{self, ClusterConfig};
 use crate::nbd::{NbdConfig, NbdServer, NodeExports};
 use crate::{Node, NodeError};
 
-pub const DEFAULT_API_LISTEN: &str = "127.0.0.1:7450";
+/// All interfaces: other nodes reach the API. Clients off loopback need the
+/// admin token; node-to-node endpoints need signatures.
+pub const DEFAULT_API_LISTEN: &str = "0.0.0.0:7450";
 pub const DEFAULT_NBD_LISTEN: &str = "127.0.0.1:10809";
 pub const DEFAULT_NBD_SOCKET_FILE: &str = "nbd.sock";
 pub const DEMO_VOLUME_NAME: &str = "demo";
@@ -37,6 +39,9 @@ pub struct DaemonConfig {
     pub data_dir: PathBuf,
     /// Name, labels, join address and token, loopback trust.
     pub cluster: ClusterConfig,
+    /// The IP other nodes reach this one at; default: the listen IP, or,
+    /// when listening on all interfaces, the IP of the default route.
+    pub advertise: Option<std::net::IpAddr>,
     pub api_listen: SocketAddr,
     pub nbd_listen: SocketAddr,
     /// Default: `DATA/nbd.sock`.
@@ -111,8 +116,8 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
     let cluster = cluster::start::start(
         config.cluster.clone(),
         &config.data_dir,
-        client_address(api_address),
-        nbd_tcp.map(client_address),
+        advertised(api_address, config.advertise),
+        nbd_tcp.map(|address| advertised(address, config.advertise)),
     )
     .await?;
     write_admin_token(&config.data_dir, &cluster.admin_token())?;
@@ -331,6 +336,30 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// The address other nodes dial: a wildcard bind is advertised at the
+/// `--advertise` IP, else at the IP the default route leaves from.
+fn advertised(bound: SocketAddr, advertise: Option<std::net::IpAddr>) -> String {
+    if !bound.ip().is_unspecified() {
+        return bound.to_string();
+    }
+    let ip = advertise.or_else(default_route_ip).unwrap_or(bound.ip());
+    let ip = if ip.is_unspecified() {
+        std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+    } else {
+        ip
+    };
+    SocketAddr::new(ip, bound.port()).to_string()
+}
+
+/// The local IP of the default route: connecting a UDP socket picks it
+/// without sending a packet.
+fn default_route_ip() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("192.0.2.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_unspecified()).then_some(ip)
 }
 
 /// The address a local client dials: a wildcard bind is reached on loopback.

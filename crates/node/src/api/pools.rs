@@ -7,6 +7,27 @@ use axum::Json;
 use super::model::{CreatePoolRequest, ErrorBody, PoolResponse, ScanResponse};
 use super::{blocking, validate, ApiError, ApiJson, ApiState};
 
+impl ApiState {
+    /// Tells the cluster about a new or deleted pool now, so the next
+    /// placement can use it; the agent would within seconds.
+    async fn report_pools(&self) {
+        let me = self.cluster.node_id();
+        let recorded = self
+            .cluster
+            .state
+            .read()
+            .nodes
+            .get(&me)
+            .map(|node| node.pools.clone())
+            .unwrap_or_default();
+        if let Err(error) =
+            crate::cluster::agent::report_pools(&self.cluster, &self.node, &recorded).await
+        {
+            tracing::warn!(%error, "reporting the pools failed; the agent retries");
+        }
+    }
+}
+
 #[utoipa::path(get, path = "/api/v1/pools", tag = "pools",
     responses((status = 200, description = "Every pool of the node, online or offline", body = [PoolResponse])))]
 pub async fn list_pools(
@@ -33,6 +54,7 @@ pub async fn create_pool(
         node.pool(&name)
     })
     .await?;
+    state.report_pools().await;
     Ok((StatusCode::CREATED, Json(status.into())))
 }
 
@@ -62,6 +84,7 @@ pub async fn delete_pool(
 ) -> Result<StatusCode, ApiError> {
     let name = validate::pool_name(&name)?;
     blocking(&state.node, move |node| node.delete_pool(&name)).await?;
+    state.report_pools().await;
     Ok(StatusCode::NO_CONTENT)
 }
 

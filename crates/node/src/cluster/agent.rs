@@ -168,6 +168,17 @@ pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), N
         }
     }
 
+    report_pools(cluster, node, &recorded_pools).await
+}
+
+/// Reports this node's pools if they differ from `recorded` (what the
+/// state says): a new or deleted pool at once, free bytes when they moved.
+pub async fn report_pools(
+    cluster: &Arc<Cluster>,
+    node: &Arc<Node>,
+    recorded_pools: &BTreeMap<PoolName, PoolRecord>,
+) -> Result<(), NodeError> {
+    let me = cluster.node_id();
     let pools = blocking(node, |node| node.pools()).await?;
     let reports: Vec<PoolReport> = pools.iter().map(pool_report).collect();
     let changed = reports.len() != recorded_pools.len()

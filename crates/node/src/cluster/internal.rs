@@ -23,6 +23,9 @@ pub const PATH_SNAPSHOT: &str = "/internal/v1/raft/snapshot";
 pub const PATH_WRITE: &str = "/internal/v1/write";
 pub const PATH_JOIN: &str = "/internal/v1/join";
 pub const PATH_HEARTBEAT: &str = "/internal/v1/heartbeat";
+/// How long the leader tries to commit a forwarded write; below the peer
+/// request timeout, so the forwarding node hears the answer.
+const FORWARDED_COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
 /// Snapshot chunks and log batches are bigger than a REST body.
 const INTERNAL_BODY_LIMIT: usize = 64 << 20;
 
@@ -32,6 +35,9 @@ pub enum WriteOutcome {
     Applied(CommandResult, u64),
     /// This node is not the leader (any more): ask again.
     NotLeader,
+    /// The leader could not commit it in time (no majority reachable). It
+    /// may still commit later; it is not retried, so it never runs twice.
+    NotCommitted(String),
     Failed(String),
 }
 
@@ -179,10 +185,17 @@ async fn write(
     body: Bytes,
 ) -> Result<Json<WriteOutcome>, ApiError> {
     let (_, command): (_, Command) = verified(&cluster, &headers, PATH_WRITE, &body)?;
-    Ok(Json(match cluster.raft.client_write(command).await {
-        Ok(response) => WriteOutcome::Applied(response.data, response.log_id.index),
-        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => WriteOutcome::NotLeader,
-        Err(error) => WriteOutcome::Failed(error.to_string()),
+    // Answer before the forwarding node's request times out.
+    let attempt = tokio::time::timeout(FORWARDED_COMMIT_WAIT, cluster.raft.client_write(command));
+    Ok(Json(match attempt.await {
+        Err(_) => WriteOutcome::NotCommitted(format!(
+            "the leader could not commit within {FORWARDED_COMMIT_WAIT:?}: it cannot reach a majority of the voters"
+        )),
+        Ok(Ok(response)) => WriteOutcome::Applied(response.data, response.log_id.index),
+        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
+            WriteOutcome::NotLeader
+        }
+        Ok(Err(error)) => WriteOutcome::Failed(error.to_string()),
     }))
 }
 

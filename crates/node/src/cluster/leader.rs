@@ -207,20 +207,19 @@ async fn manage_membership(cluster: &Cluster) {
     let removed: BTreeSet<u64> = members.difference(&in_state).copied().collect();
     let mut wanted: BTreeSet<u64> = voters.difference(&removed).copied().collect();
     let target = voter_target(in_state.len());
-    if wanted.len() < target {
-        let caught_up = caught_up_learners(cluster);
-        for id in online.iter().filter(|id| caught_up.contains(id)) {
-            if wanted.len() >= target {
-                break;
-            }
-            wanted.insert(*id);
-        }
+    let caught_up = caught_up_learners(cluster);
+    let mut candidates: Vec<u64> = online
+        .iter()
+        .filter(|id| caught_up.contains(id) && !wanted.contains(id))
+        .copied()
+        .collect();
+    let mut additions = target.saturating_sub(wanted.len()).min(candidates.len());
+    // An even number of voters tolerates no more failures than one fewer
+    // and needs a bigger majority: add one less rather than reach it.
+    if additions > 0 && (wanted.len() + additions).is_multiple_of(2) {
+        additions -= 1;
     }
-    // Keep an odd number: drop the most recently added extra voter.
-    if wanted.len() > 1 && wanted.len().is_multiple_of(2) && wanted.len() > target {
-        let last = *wanted.iter().next_back().expect("not empty");
-        wanted.remove(&last);
-    }
+    wanted.extend(candidates.drain(..additions));
     if wanted.is_empty() || (wanted == voters && removed.is_empty()) {
         return;
     }

@@ -2,13 +2,13 @@
 //! node-to-node HTTP client, forwarding of writes to the leader, and the
 //! background work (heartbeats, liveness, membership, the agent).
 //!
-//! - [`identity`]: `DATA/cluster.json`.
-//! - [`auth`]: join tokens, request signatures, the admin token.
-//! - [`peer`]: the signed HTTP client, and the Raft network over it.
-//! - [`start`]: creating a cluster, joining one, or rejoining after a restart.
-//! - [`internal`]: the `/internal/v1` endpoints other nodes call.
-//! - [`leader`]: what only the leader does: liveness, eviction, voters.
-//! - [`agent`]: what every node does: reconcile its replicas, report pools.
+//! - [`identity`] holds `DATA/cluster.json`.
+//! - [`auth`] has join tokens, request signatures, the admin token.
+//! - [`peer`] is the signed HTTP client, and the Raft network over it.
+//! - [`start`] is creating a cluster, joining one, or rejoining after a restart.
+//! - [`internal`] serves the `/internal/v1` endpoints other nodes call.
+//! - [`leader`] does what only the leader does: liveness, eviction, voters.
+//! - [`agent`] does what every node does: reconcile its replicas, report pools.
 
 pub mod agent;
 pub mod auth;
@@ -116,7 +116,18 @@ impl Cluster {
         let started = Instant::now();
         let mut last_problem;
         loop {
-            match self.raft.client_write(command.clone()).await {
+            let remaining = WRITE_TIMEOUT.saturating_sub(started.elapsed());
+            // A leader cut off from its majority accepts the write but can
+            // never commit it: bound the wait.
+            let attempt = tokio::time::timeout(remaining, self.raft.client_write(command.clone()));
+            let Ok(attempt) = attempt.await else {
+                return Err(ClusterError::NoLeader {
+                    waited: WRITE_TIMEOUT,
+                    detail: "this node leads but cannot reach a majority of the voters, so the change was not committed".into(),
+                    voters: self.voters_text(),
+                });
+            };
+            match attempt {
                 Ok(response) => {
                     self.wait_applied(response.log_id.index).await;
                     return response.data.0.map_err(ClusterError::Refused);
@@ -143,6 +154,13 @@ impl Cluster {
                                         forward.leader_id.unwrap_or_default(),
                                         leader.addr
                                     );
+                                }
+                                Ok(internal::WriteOutcome::NotCommitted(detail)) => {
+                                    return Err(ClusterError::NoLeader {
+                                        waited: started.elapsed(),
+                                        detail,
+                                        voters: self.voters_text(),
+                                    })
                                 }
                                 Ok(internal::WriteOutcome::Failed(error)) => {
                                     return Err(ClusterError::Internal(error))
