@@ -1,10 +1,13 @@
-//! The command line. Sizes and names are checked while parsing, so a typo
-//! is reported before anything is sent to the node.
+//! The command line. Sizes, names and durations are checked while parsing,
+//! so a typo is reported before anything is sent to the node.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use trireme_types::{parse_size, DeviceClass, PoolName, VolumeName};
+use trireme_types::{parse_size, DeviceClass, GroupName, NodeName, PoolName, VolumeName};
+
+/// The heading of the options every command takes.
+const GLOBAL: &str = "Global options";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -12,27 +15,178 @@ use trireme_types::{parse_size, DeviceClass, PoolName, VolumeName};
     version,
     about = "trireme: replicated block storage for small clusters",
     long_about = "trireme: replicated block storage for small clusters.\n\n\
-        `trireme node run` starts the node daemon on this machine: it keeps storage pools, \
-        serves volumes over NBD and answers a REST API. Every other command talks to that API.\n\n\
-        Quick start:\n  trireme node run --data-dir /tmp/trireme --demo\n  \
-        trireme volume create vm1 --size 32G\n  trireme volume list"
+        `trireme node run` starts the node daemon on a machine: it keeps storage pools, \
+        serves volumes over NBD, answers a REST API and, with the other nodes, forms the \
+        cluster. Every other command talks to the REST API of any node (--api); each node \
+        answers for the whole cluster.\n\n\
+        Quick start:\n  \
+        # on the first machine: creates the cluster and prints a join command\n  \
+        trireme node run --data-dir /var/lib/trireme\n  \
+        # on each other machine, with the address and token the first one printed\n  \
+        trireme node run --join FIRST:7450 --token TOKEN\n  \
+        # then, from any of them\n  \
+        trireme volume create vm1 --size 32G\n  \
+        trireme status\n\n\
+        `trireme cluster join-token` prints the join command again. On a node's own machine \
+        no token is needed for the other commands; from elsewhere pass --token (the content \
+        of DATA_DIR/admin.token of any node)."
 )]
 pub struct Cli {
-    /// The node's REST API.
+    /// The REST API of one or more nodes of the cluster, comma-separated, e.g.
+    /// `--api 10.0.0.1:7450,10.0.0.2:7450`. Any node answers for the whole
+    /// cluster: the next address is tried only when a node cannot be reached
+    /// (refused, unreachable, no connection within 5 s), never after an
+    /// error answer. Without a scheme `http://` is assumed, and without a
+    /// port 7450.
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         env = "TRIREME_API",
-        default_value = "http://127.0.0.1:7450"
+        value_name = "ADDRESSES",
+        default_value = "http://127.0.0.1:7450",
+        value_parser = ApiAddresses::parse
     )]
-    pub api: String,
+    pub api: ApiAddresses,
 
-    /// How to print answers: human tables, or the API's JSON.
-    #[arg(long, global = true, value_enum, default_value_t = OutputFormat::Table)]
+    /// The cluster's admin token, sent as `Authorization: Bearer TOKEN`: the
+    /// content of DATA_DIR/admin.token on any node. Not needed on a node's
+    /// own machine, where loopback clients are trusted (unless that node runs
+    /// with --trust-loopback=false).
+    //
+    // Same id as `node run --token` (the join token): clap then leaves that
+    // one alone in `node run` instead of reporting a clash.
+    #[arg(
+        long,
+        global = true,
+        help_heading = GLOBAL,
+        env = "TRIREME_TOKEN",
+        hide_env_values = true,
+        value_parser = parse_token
+    )]
+    pub token: Option<String>,
+
+    /// How to print answers: human tables, or the API's JSON unchanged.
+    #[arg(
+        long,
+        global = true,
+        help_heading = GLOBAL,
+        value_enum,
+        default_value_t = OutputFormat::Table
+    )]
     pub output: OutputFormat,
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The node addresses of `--api`, as base URLs (`http://host:port`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiAddresses(Vec<String>);
+
+impl ApiAddresses {
+    /// Parses `http://a:7450,b:7450,[fd00::1]`: comma-separated, `http://`
+    /// assumed without a scheme, port 7450 assumed without a scheme and port.
+    pub fn parse(text: &str) -> Result<ApiAddresses, String> {
+        let urls = text
+            .split(',')
+            .map(str::trim)
+            .filter(|entry| !entry.is_empty())
+            .map(api_url)
+            .collect::<Result<Vec<_>, _>>()?;
+        if urls.is_empty() {
+            return Err("no address given: use e.g. --api 10.0.0.1:7450,10.0.0.2:7450".into());
+        }
+        Ok(ApiAddresses(urls))
+    }
+
+    pub fn urls(&self) -> &[String] {
+        &self.0
+    }
+}
+
+/// One `--api` entry as a base URL.
+fn api_url(entry: &str) -> Result<String, String> {
+    if entry.contains(char::is_whitespace) {
+        return Err(format!("address '{entry}' has a space"));
+    }
+    let (scheme, rest) = match entry.split_once("://") {
+        Some((scheme, rest)) => (scheme.to_ascii_lowercase(), rest),
+        None => (String::new(), entry),
+    };
+    if !scheme.is_empty() && scheme != "http" && scheme != "https" {
+        return Err(format!(
+            "address '{entry}': use http:// or https://, or no scheme (e.g. 10.0.0.1:7450)"
+        ));
+    }
+    let rest = rest.trim_end_matches('/');
+    let rest = rest.strip_suffix("/api/v1").unwrap_or(rest);
+    if rest.contains(['/', '?', '#', '@']) {
+        return Err(format!(
+            "address '{entry}': give only HOST:PORT, e.g. 10.0.0.1:7450 or http://10.0.0.1:7450"
+        ));
+    }
+    let authority = rest;
+    let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
+        let Some((host, after)) = bracketed.split_once(']') else {
+            return Err(format!("address '{entry}': ']' is missing"));
+        };
+        let port = match after {
+            "" => None,
+            _ => Some(
+                after
+                    .strip_prefix(':')
+                    .ok_or_else(|| format!("address '{entry}': expected ':PORT' after ']'"))?,
+            ),
+        };
+        (host, port)
+    } else {
+        match authority.split_once(':') {
+            Some((_, port)) if port.contains(':') => {
+                return Err(format!(
+                    "address '{entry}': write an IPv6 address in brackets, e.g. [fd00::1]:7450"
+                ))
+            }
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("address '{entry}' has no host"));
+    }
+    if let Some(port) = port {
+        if port.parse::<u16>().map_or(true, |port| port == 0) {
+            return Err(format!(
+                "address '{entry}': port '{port}' is not 1 to 65535"
+            ));
+        }
+    }
+    Ok(match (scheme.is_empty(), port) {
+        (true, None) => format!("http://{rest}:{}", default_api_port()),
+        (true, Some(_)) => format!("http://{rest}"),
+        (false, _) => format!("{scheme}://{rest}"),
+    })
+}
+
+/// The port of `node run --api-listen`'s default.
+fn default_api_port() -> u16 {
+    trireme_node::daemon::DEFAULT_API_LISTEN
+        .parse::<SocketAddr>()
+        .map(|address| address.port())
+        .unwrap_or(7450)
+}
+
+fn parse_token(text: &str) -> Result<String, String> {
+    let token = text.trim();
+    if token.is_empty() {
+        return Err("the token is empty: use the content of DATA_DIR/admin.token".into());
+    }
+    if !token.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(
+            "the token has characters no token has: use the content of DATA_DIR/admin.token".into(),
+        );
+    }
+    Ok(token.to_string())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -43,27 +197,62 @@ pub enum OutputFormat {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the node daemon, or ask a running node about itself.
+    /// One screen of cluster health: leader and voters, nodes, capacity,
+    /// volumes by state, and warnings that each name the action to take.
+    ///
+    /// Health is HEALTH_OK when there is nothing to warn about, HEALTH_WARN
+    /// otherwise. With --output json it prints the API's status document.
+    Status,
+    /// Run the node daemon, or list, inspect and remove the cluster's nodes.
     #[command(subcommand)]
     Node(NodeCommand),
-    /// Storage pools: block devices or files that hold volumes.
+    /// Storage pools of the node answering (--api): block devices or files that hold volumes.
     #[command(subcommand)]
     Pool(PoolCommand),
-    /// Volumes: thin virtual block devices, served over NBD by name.
+    /// Volumes: thin virtual block devices, replicated on several nodes and served over NBD.
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// Resource groups: placement policies (how many replicas, on which pools
+    /// and device classes, spread over which labels) that volumes are created by.
+    ///
+    /// Every cluster has the group `default` (3 replicas, any pool; a volume
+    /// may start with fewer while the cluster has fewer nodes). It cannot be deleted.
+    #[command(subcommand, name = "group", visible_alias = "resource-group")]
+    Group(GroupCommand),
+    /// Cluster-wide settings and the token that lets machines join.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
 }
 
 #[derive(Debug, Subcommand)]
 pub enum NodeCommand {
     /// Run the node daemon in the foreground until SIGTERM or Ctrl-C.
     ///
-    /// On first start it creates the default pool: a sparse file in the data
-    /// directory of min(64 GiB, 90% of the free space). It prints a line
-    /// starting with "trireme node ready" once the API and NBD listen.
-    Run(RunArgs),
-    /// Show the version and addresses of a running node.
+    /// The first start without --join creates a new cluster and prints the
+    /// command that adds another machine. On first start it also creates the
+    /// default pool: a sparse file in the data directory of min(64 GiB, 90%
+    /// of the free space). It prints a line starting with "trireme node
+    /// ready" once the API and NBD listen.
+    Run(Box<RunArgs>),
+    /// Show the version, cluster, name and addresses of the node answering (--api).
     Info,
+    /// List the cluster's nodes: state and for how long, control-plane role,
+    /// address, labels, pools and free space.
+    ///
+    /// STATE is online, offline (no heartbeat for a few seconds) or evicted
+    /// (offline longer than the eviction delay: its replicas were placed
+    /// elsewhere). ROLE is leader, voter or learner in the control plane.
+    List,
+    /// Remove a node from the cluster for good: its replicas are dropped
+    /// from the volumes' placement and its vote goes to another online node.
+    ///
+    /// Refused while the node holds the last up-to-date replica of a volume.
+    /// Stop `trireme node run` on that machine too, if it still runs.
+    Remove {
+        /// The node's name, as `trireme node list` shows it.
+        #[arg(value_parser = parse_node_name)]
+        name: NodeName,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -77,12 +266,35 @@ pub struct RunArgs {
     /// Unix socket of the NBD server [default: DATA_DIR/nbd.sock].
     #[arg(long)]
     pub nbd_socket: Option<PathBuf>,
-    /// Address of the REST API.
+    /// Address of the REST API; other nodes and the CLI use it. Clients not
+    /// on loopback need the admin token (DATA/admin.token).
     #[arg(long, default_value = trireme_node::daemon::DEFAULT_API_LISTEN)]
     pub api_listen: SocketAddr,
+    /// The IP other nodes reach this node at [default: the --api-listen IP,
+    /// or the IP of the default route when listening on 0.0.0.0].
+    #[arg(long)]
+    pub advertise: Option<std::net::IpAddr>,
     /// Create a 1 GiB volume named `demo` if it is missing, and print how to reach it.
     #[arg(long)]
     pub demo: bool,
+    /// This node's name in the cluster [default: the host name].
+    #[arg(long, value_parser = parse_node_name)]
+    pub name: Option<NodeName>,
+    /// A label for placement, e.g. `--label zone=a --label rack=r1`.
+    #[arg(long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Join the cluster of the node whose REST API is at this address
+    /// (HOST:PORT), instead of creating a new cluster. Only the first start
+    /// needs it; afterwards the node remembers its cluster.
+    #[arg(long, requires = "token")]
+    pub join: Option<String>,
+    /// The join token a member printed (or `trireme cluster join-token`).
+    #[arg(long, env = "TRIREME_JOIN_TOKEN", requires = "join")]
+    pub token: Option<String>,
+    /// Trust REST clients on loopback without a token, as the NBD export
+    /// on loopback is trusted. With false, every client needs the token.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub trust_loopback: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -126,7 +338,20 @@ pub enum PoolCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum VolumeCommand {
-    /// Create a thin volume; it takes pool space only as it is written.
+    /// Create a thin volume, replicated by its resource group's policy
+    ///
+    /// It takes pool space only as it is written. By default the group
+    /// `default` places 3 diskful replicas (fewer while the cluster has
+    /// fewer nodes), each on the node's pool with the most free space.
+    /// It returns once the replicas' nodes have made them; if some have
+    /// not reported within 30 s, it says which are still pending.
+    ///
+    /// Examples:
+    ///   trireme volume create vm1 --size 32G
+    ///   trireme volume create db --size 100G --group fast
+    ///   trireme volume create scratch --size 8G --replicas 1
+    ///   trireme volume create vm2 --size 32G --nodes n1,n2,n3
+    #[command(verbatim_doc_comment)]
     Create {
         /// Volume name, also its NBD export name: letters, digits, '-', '_', '.'.
         #[arg(value_parser = parse_volume_name)]
@@ -134,13 +359,33 @@ pub enum VolumeCommand {
         /// Size, e.g. 32G (binary units, a multiple of 4 KiB).
         #[arg(long, value_parser = parse_size_argument)]
         size: u64,
-        /// Pool to place it in [default: the online pool with the most free space].
+        /// Only pools of this name qualify [default: the group's pools; on
+        /// each node the one with the most free space].
         #[arg(long, value_parser = parse_pool_name)]
         pool: Option<PoolName>,
+        /// The resource group whose policy places it [default: default].
+        /// See `trireme group list`.
+        #[arg(long, value_parser = parse_group_name)]
+        group: Option<GroupName>,
+        /// Diskful replicas, instead of the group's place-count; all of them
+        /// must be placeable or nothing is created.
+        #[arg(long, value_name = "N")]
+        replicas: Option<usize>,
+        /// Manual placement: exactly these nodes hold its data
+        /// (comma-separated names, e.g. n1,n2,n3). The group's other rules
+        /// are still checked.
+        #[arg(long, value_name = "NODES", value_delimiter = ',', value_parser = parse_node_name)]
+        nodes: Option<Vec<NodeName>>,
     },
-    /// List volumes: size, allocation, and each pool's provisioning vs capacity.
+    /// List volumes: size, allocation, group, state and replicas, and each
+    /// pool's provisioning vs capacity.
+    ///
+    /// STATE is creating, ready, degraded (fewer ready replicas than
+    /// placed), failed or deleting. REPLICAS names the nodes: `n2*` is a
+    /// replica its node has not reported yet, `n2!` one that failed,
+    /// `n4(tb)` a tiebreaker (votes, holds no data), `n5(dl)` a diskless member.
     List,
-    /// Show one volume.
+    /// Show one volume, with one line per replica.
     Show {
         #[arg(value_parser = parse_volume_name)]
         name: VolumeName,
@@ -153,11 +398,132 @@ pub enum VolumeCommand {
         #[arg(long, value_parser = parse_size_argument)]
         size: u64,
     },
-    /// Delete a volume and its data. Connected NBD clients get I/O errors.
+    /// Delete a volume and its data on every node. Connected NBD clients get I/O errors.
+    ///
+    /// When a node holding a replica is offline, the volume stays in state
+    /// `deleting` until that node comes back and removes its copy.
     Delete {
         #[arg(value_parser = parse_volume_name)]
         name: VolumeName,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GroupCommand {
+    /// Create a resource group: a placement policy for volumes
+    ///
+    /// Volumes use it with `trireme volume create NAME --size S --group GROUP`.
+    ///
+    /// Examples:
+    ///   # 3 replicas on NVMe pools, in 3 different zones
+    ///   # (nodes started with --label zone=...)
+    ///   trireme group create fast --place-count 3 --class nvme \
+    ///       --replicas-on-different zone
+    ///   # 2 replicas; a volume may start with 1 while a node is down
+    ///   trireme group create small --place-count 2 --min-place-count 1
+    #[command(verbatim_doc_comment)]
+    Create(GroupCreateArgs),
+    /// List the resource groups and their policies.
+    List,
+    /// Delete a resource group no volume uses. The group `default` stays.
+    Delete {
+        #[arg(value_parser = parse_group_name)]
+        name: GroupName,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct GroupCreateArgs {
+    /// Group name: letters, digits, '-', '_', '.'.
+    #[arg(value_parser = parse_group_name)]
+    pub name: GroupName,
+    /// Diskful replicas (full copies of the data) per volume, 1 to 7. With
+    /// an even count a further node gets a tiebreaker, so that a split into
+    /// two halves still leaves one side with a majority.
+    #[arg(long, value_name = "N")]
+    pub place_count: usize,
+    /// The fewest diskful replicas a new volume may be created with when
+    /// the cluster cannot place all of them (too few nodes, pools or zones)
+    /// [default: the place-count, i.e. all or nothing].
+    #[arg(long, value_name = "N")]
+    pub min_place_count: Option<usize>,
+    /// Only pools of this name qualify; repeat (or comma-separate) for
+    /// several [default: any pool].
+    #[arg(long = "pool", value_name = "POOL", value_delimiter = ',', value_parser = parse_pool_name)]
+    pub pools: Vec<PoolName>,
+    /// Only pools of this device class qualify: nvme, ssd or hdd [default: any].
+    #[arg(long, value_parser = parse_device_class)]
+    pub class: Option<DeviceClass>,
+    /// A label key (from `node run --label KEY=VALUE`) whose value must
+    /// differ between the replicas of a volume, e.g. `zone` or `rack`;
+    /// repeat for several. Nodes without the label take no replica.
+    #[arg(long, value_name = "KEY", value_delimiter = ',', value_parser = parse_label_key)]
+    pub replicas_on_different: Vec<String>,
+    /// Make every other online node a diskless member of each volume (it
+    /// holds no data and reaches the data through the replicas).
+    #[arg(long)]
+    pub diskless_on_remaining: bool,
+    /// What writes do while a volume has lost its quorum (a majority of its
+    /// replicas): fail with an I/O error, or wait until the quorum returns.
+    #[arg(long, value_enum, default_value_t = OnNoQuorum::IoError)]
+    pub on_no_quorum: OnNoQuorum,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnNoQuorum {
+    /// Writes fail with EIO.
+    IoError,
+    /// Writes wait until the quorum is back.
+    Suspend,
+}
+
+impl OnNoQuorum {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnNoQuorum::IoError => "io-error",
+            OnNoQuorum::Suspend => "suspend",
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Print the token that lets a machine join this cluster, and the
+    /// command to run on that machine.
+    ///
+    /// The command names the REST address of the node answering (--api): it
+    /// must be reachable from the new machine.
+    JoinToken,
+    /// Show the cluster-wide settings, or change them
+    ///
+    /// Eviction: when on, the leader re-places the replicas of a node that
+    /// has been offline for longer than the eviction delay onto other
+    /// nodes. It is off by default, because moving a volume's data is
+    /// expensive and most outages are reboots; the default delay is 1h.
+    ///
+    /// Examples:
+    ///   trireme cluster settings
+    ///   trireme cluster settings --eviction on --eviction-delay 30m
+    ///   trireme cluster settings --eviction off
+    #[command(verbatim_doc_comment)]
+    Settings {
+        /// Switch eviction on or off.
+        #[arg(long, value_enum, value_name = "on|off")]
+        eviction: Option<Switch>,
+        /// How long a node must be offline before it is evicted, e.g. 30s,
+        /// 10m, 1h, 1h30m or 2d (at least 10s). Changing it keeps eviction
+        /// on or off as it is.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        eviction_delay: Option<u64>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    #[value(alias = "true", alias = "yes")]
+    On,
+    #[value(alias = "false", alias = "no")]
+    Off,
 }
 
 fn parse_size_argument(text: &str) -> Result<u64, String> {
@@ -174,6 +540,85 @@ fn parse_volume_name(text: &str) -> Result<VolumeName, String> {
 
 fn parse_pool_name(text: &str) -> Result<PoolName, String> {
     PoolName::new(text).map_err(|error| error.to_string())
+}
+
+fn parse_group_name(text: &str) -> Result<GroupName, String> {
+    GroupName::new(text).map_err(|error| error.to_string())
+}
+
+/// A label key as `--label KEY=VALUE` accepts it.
+fn parse_label_key(text: &str) -> Result<String, String> {
+    if text.is_empty() || !text.chars().all(label_character) {
+        return Err(format!(
+            "label key '{text}': use letters, digits, '-', '_', '.' and '/', e.g. zone"
+        ));
+    }
+    Ok(text.to_string())
+}
+
+fn label_character(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/')
+}
+
+/// Seconds from `30s`, `10m`, `1h`, `2d`, `1h30m` or a plain number of seconds.
+pub fn parse_duration(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let malformed = || format!("duration '{text}' is not like 30s, 10m, 1h, 1h30m or 2d");
+    if text.is_empty() {
+        return Err(malformed());
+    }
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse()
+            .map_err(|_| format!("duration '{text}' is too long"));
+    }
+    let mut seconds: u64 = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(malformed());
+        }
+        let number: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("duration '{text}' is too long"))?;
+        rest = &rest[digits..];
+        let unit = rest
+            .chars()
+            .next()
+            .ok_or_else(malformed)?
+            .to_ascii_lowercase();
+        let scale = match unit {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86400,
+            _ => return Err(malformed()),
+        };
+        rest = &rest[1..];
+        seconds = number
+            .checked_mul(scale)
+            .and_then(|part| seconds.checked_add(part))
+            .ok_or_else(|| format!("duration '{text}' is too long"))?;
+    }
+    Ok(seconds)
+}
+
+pub fn parse_node_name(text: &str) -> Result<NodeName, String> {
+    NodeName::new(text).map_err(|error| error.to_string())
+}
+
+pub fn parse_label(text: &str) -> Result<(String, String), String> {
+    let Some((key, value)) = text.split_once('=') else {
+        return Err(format!("label '{text}' is not KEY=VALUE, e.g. zone=a"));
+    };
+    let valid = |part: &str| !part.is_empty() && part.chars().all(label_character);
+    if !valid(key) || !valid(value) {
+        return Err(format!(
+            "label '{text}': use letters, digits, '-', '_', '.' and '/' on both sides of '='"
+        ));
+    }
+    Ok((key.to_string(), value.to_string()))
 }
 
 #[cfg(test)]
@@ -193,13 +638,55 @@ mod tests {
     #[test]
     fn volume_create_parses_sizes_and_names() {
         let cli = parse(&["volume", "create", "vm1", "--size", "32G", "--pool", "fast"]).unwrap();
-        let Command::Volume(VolumeCommand::Create { name, size, pool }) = cli.command else {
+        let Command::Volume(VolumeCommand::Create {
+            name,
+            size,
+            pool,
+            group,
+            replicas,
+            nodes,
+        }) = cli.command
+        else {
             panic!("wrong command: {:?}", cli.command);
         };
         assert_eq!(name.as_str(), "vm1");
         assert_eq!(size, 32 << 30);
         assert_eq!(pool.unwrap().as_str(), "fast");
+        assert_eq!((group, replicas, nodes), (None, None, None));
         assert_eq!(cli.output, OutputFormat::Table);
+    }
+
+    #[test]
+    fn volume_create_takes_group_replicas_and_nodes() {
+        let cli = parse(&[
+            "volume",
+            "create",
+            "vm1",
+            "--size",
+            "1G",
+            "--group",
+            "fast",
+            "--replicas",
+            "2",
+            "--nodes",
+            "n1,n2",
+        ])
+        .unwrap();
+        let Command::Volume(VolumeCommand::Create {
+            group,
+            replicas,
+            nodes,
+            ..
+        }) = cli.command
+        else {
+            panic!("wrong command: {:?}", cli.command);
+        };
+        assert_eq!(group.unwrap().as_str(), "fast");
+        assert_eq!(replicas, Some(2));
+        let nodes: Vec<String> = nodes.unwrap().iter().map(|n| n.to_string()).collect();
+        assert_eq!(nodes, ["n1", "n2"]);
+        let error = parse(&["volume", "create", "v", "--size", "1G", "--nodes", "n1,a/b"]);
+        assert!(error.unwrap_err().to_string().contains("node name 'a/b'"));
     }
 
     #[test]
@@ -221,7 +708,152 @@ mod tests {
     fn global_options_go_anywhere() {
         let cli = parse(&["volume", "list", "--output", "json", "--api", "http://h:1"]).unwrap();
         assert_eq!(cli.output, OutputFormat::Json);
-        assert_eq!(cli.api, "http://h:1");
+        assert_eq!(cli.api.urls(), ["http://h:1"]);
+        assert_eq!(cli.token, None);
+        let cli = parse(&["status", "--token", " abc\n", "--api", "a:1,b"]).unwrap();
+        assert_eq!(cli.token.as_deref(), Some("abc"));
+        assert_eq!(cli.api.urls(), ["http://a:1", "http://b:7450"]);
+    }
+
+    #[test]
+    fn api_lists_take_several_nodes_with_or_without_scheme() {
+        let urls = |text: &str| ApiAddresses::parse(text).map(|list| list.urls().to_vec());
+        assert_eq!(
+            urls("http://a:7450,http://b:7450").unwrap(),
+            ["http://a:7450", "http://b:7450"]
+        );
+        assert_eq!(
+            urls("a:7450, 10.0.0.2:8000 ,c").unwrap(),
+            ["http://a:7450", "http://10.0.0.2:8000", "http://c:7450"]
+        );
+        assert_eq!(urls("https://a/").unwrap(), ["https://a"]);
+        assert_eq!(urls("HTTP://a:1/api/v1").unwrap(), ["http://a:1"]);
+        assert_eq!(
+            urls("[fd00::1],[::1]:9").unwrap(),
+            ["http://[fd00::1]:7450", "http://[::1]:9"]
+        );
+        assert_eq!(urls("a:1,,b:2,").unwrap(), ["http://a:1", "http://b:2"]);
+        for bad in [
+            "", ",", "ftp://a", "a:x", "a:0", "a:70000", "fd00::1", ":7450", "a:1/x", "a b",
+        ] {
+            assert!(urls(bad).is_err(), "{bad:?} should be refused");
+        }
+        let error = parse(&["status", "--api", "a:1,ftp://b"]).unwrap_err();
+        assert!(error.to_string().contains("ftp://b"), "{error}");
+    }
+
+    #[test]
+    fn durations_read_like_people_write_them() {
+        assert_eq!(parse_duration("30s"), Ok(30));
+        assert_eq!(parse_duration("10m"), Ok(600));
+        assert_eq!(parse_duration("1h"), Ok(3600));
+        assert_eq!(parse_duration("2d"), Ok(172_800));
+        assert_eq!(parse_duration("1h30m"), Ok(5400));
+        assert_eq!(parse_duration("1H"), Ok(3600));
+        assert_eq!(parse_duration("90"), Ok(90));
+        assert_eq!(parse_duration(" 5m "), Ok(300));
+        for bad in ["", "h", "1x", "1.5h", "-1m", "1h 30m", "m5", "1hh", "5é"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should be refused");
+        }
+        assert!(parse_duration("99999999999999999999d").is_err());
+        assert!(parse_duration("9999999999999999d")
+            .unwrap_err()
+            .contains("too long"));
+    }
+
+    #[test]
+    fn cluster_settings_parse_switch_and_delay() {
+        let cli = parse(&[
+            "cluster",
+            "settings",
+            "--eviction",
+            "on",
+            "--eviction-delay",
+            "1h",
+        ])
+        .unwrap();
+        let Command::Cluster(ClusterCommand::Settings {
+            eviction,
+            eviction_delay,
+        }) = cli.command
+        else {
+            panic!("wrong command");
+        };
+        assert_eq!(eviction, Some(Switch::On));
+        assert_eq!(eviction_delay, Some(3600));
+        assert!(parse(&["cluster", "settings", "--eviction", "maybe"]).is_err());
+        let error = parse(&["cluster", "settings", "--eviction-delay", "soon"]).unwrap_err();
+        assert!(error.to_string().contains("duration 'soon'"), "{error}");
+    }
+
+    #[test]
+    fn group_create_has_defaults_and_the_resource_group_alias() {
+        let cli = parse(&[
+            "resource-group",
+            "create",
+            "fast",
+            "--place-count",
+            "3",
+            "--pool",
+            "a,b",
+            "--pool",
+            "c",
+            "--class",
+            "nvme",
+            "--replicas-on-different",
+            "zone",
+        ])
+        .unwrap();
+        let Command::Group(GroupCommand::Create(group)) = cli.command else {
+            panic!("wrong command");
+        };
+        assert_eq!(group.name.as_str(), "fast");
+        assert_eq!(group.place_count, 3);
+        assert_eq!(group.min_place_count, None);
+        let pools: Vec<&str> = group.pools.iter().map(|pool| pool.as_str()).collect();
+        assert_eq!(pools, ["a", "b", "c"]);
+        assert_eq!(group.class, Some(DeviceClass::Nvme));
+        assert_eq!(group.replicas_on_different, ["zone"]);
+        assert!(!group.diskless_on_remaining);
+        assert_eq!(group.on_no_quorum, OnNoQuorum::IoError);
+        assert!(
+            parse(&["group", "create", "g"]).is_err(),
+            "--place-count is required"
+        );
+        let cli = parse(&[
+            "group",
+            "create",
+            "g",
+            "--place-count",
+            "2",
+            "--on-no-quorum",
+            "suspend",
+        ])
+        .unwrap();
+        let Command::Group(GroupCommand::Create(group)) = cli.command else {
+            panic!("wrong command");
+        };
+        assert_eq!(group.on_no_quorum.as_str(), "suspend");
+        assert!(parse(&[
+            "group",
+            "create",
+            "g",
+            "--place-count",
+            "2",
+            "--replicas-on-different",
+            "a=b"
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn node_run_keeps_its_own_token() {
+        let cli = parse(&["node", "run", "--join", "a:7450", "--token", "join-secret"]).unwrap();
+        let Command::Node(NodeCommand::Run(run)) = cli.command else {
+            panic!("wrong command");
+        };
+        assert_eq!(run.token.as_deref(), Some("join-secret"));
+        assert_eq!(run.join.as_deref(), Some("a:7450"));
     }
 
     #[test]

@@ -1,25 +1,43 @@
-//! A blocking client of the node's REST API. It keeps each answer's JSON
+//! A blocking client of the cluster's REST API. It keeps each answer's JSON
 //! text, so `--output json` prints exactly what the node said.
+//!
+//! The client knows one or more node addresses (`--api a:7450,b:7450`): any
+//! node answers for the whole cluster, so there is no virtual IP. It tries
+//! them in order and moves to the next one only when a node cannot be
+//! reached at all (refused, unreachable, connect timeout), never after a
+//! request has reached a node: an error answer is the cluster's answer, and
+//! a request that may have arrived must not be sent twice.
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::cell::Cell;
+use std::io::ErrorKind;
 use std::time::Duration;
 use trireme_node::api::model::ErrorBody;
 use ureq::http::Response;
-use ureq::{Agent, Body};
+use ureq::{Agent, Body, RequestBuilder};
+
+use crate::args::ApiAddresses;
 
 /// Long enough for a loaded node; a node that does not accept in this time
 /// is as good as down. Requests themselves get no limit: a scan reads a pool.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct Client {
-    base_url: String,
+    /// Base URLs (`http://host:port`), in the order given.
+    nodes: Vec<String>,
+    /// The node that answered last: later requests of the same command
+    /// start there instead of waiting for the dead ones again.
+    preferred: Cell<usize>,
+    /// `Bearer TOKEN`, when a token was given.
+    authorization: Option<String>,
     agent: Agent,
 }
 
-/// An answer with its JSON text (`None` for 204 No Content).
+/// An answer with its HTTP status and JSON text (`None` for 204 No Content).
 pub struct Answer {
+    pub status: u16,
     pub json: Option<String>,
 }
 
@@ -30,10 +48,15 @@ impl Answer {
             format!("the node's answer is not what this trireme expects (is it another version?): {text}")
         })
     }
+
+    /// 202 Accepted: the change is recorded but not finished everywhere.
+    pub fn accepted(&self) -> bool {
+        self.status == 202
+    }
 }
 
 impl Client {
-    pub fn new(base_url: &str) -> Client {
+    pub fn new(addresses: &ApiAddresses, token: Option<&str>) -> Client {
         let agent: Agent = Agent::config_builder()
             // Error answers carry a JSON message: read it rather than fail.
             .http_status_as_error(false)
@@ -41,58 +64,164 @@ impl Client {
             .build()
             .into();
         Client {
-            base_url: base_url.trim_end_matches('/').to_string(),
+            nodes: addresses.urls().to_vec(),
+            preferred: Cell::new(0),
+            authorization: token.map(|token| format!("Bearer {token}")),
             agent,
         }
     }
 
     pub fn get(&self, path: &str) -> Result<Answer> {
-        let url = self.url(path);
-        self.finish(self.agent.get(&url).call())
+        self.send(path, |url| self.authorize(self.agent.get(url)).call())
     }
 
     pub fn delete(&self, path: &str) -> Result<Answer> {
-        let url = self.url(path);
-        self.finish(self.agent.delete(&url).call())
+        self.send(path, |url| self.authorize(self.agent.delete(url)).call())
     }
 
     pub fn post(&self, path: &str, body: &impl Serialize) -> Result<Answer> {
-        let url = self.url(path);
-        self.finish(self.agent.post(&url).send_json(body))
+        self.send(path, |url| {
+            self.authorize(self.agent.post(url)).send_json(body)
+        })
+    }
+
+    pub fn put(&self, path: &str, body: &impl Serialize) -> Result<Answer> {
+        self.send(path, |url| {
+            self.authorize(self.agent.put(url)).send_json(body)
+        })
     }
 
     pub fn post_empty(&self, path: &str) -> Result<Answer> {
-        let url = self.url(path);
-        self.finish(self.agent.post(&url).send_empty())
+        self.send(path, |url| {
+            self.authorize(self.agent.post(url)).send_empty()
+        })
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}/api/v1{path}", self.base_url)
+    fn authorize<B>(&self, request: RequestBuilder<B>) -> RequestBuilder<B> {
+        match &self.authorization {
+            Some(value) => request.header("Authorization", value),
+            None => request,
+        }
     }
 
-    fn finish(&self, result: Result<Response<Body>, ureq::Error>) -> Result<Answer> {
-        let mut response = result.map_err(|error| {
-            anyhow!(
-                "cannot reach the trireme node at {}: {error}; is `trireme node run` running?",
-                self.base_url
-            )
-        })?;
-        let status = response.status();
-        let text = response
-            .body_mut()
-            .read_to_string()
-            .with_context(|| format!("reading the answer of the node at {}", self.base_url))?;
-        if status.is_success() {
-            let json = (!text.trim().is_empty()).then_some(text);
-            return Ok(Answer { json });
+    /// Sends to the preferred node, then to the others in order while they
+    /// cannot be reached.
+    fn send(
+        &self,
+        path: &str,
+        call: impl Fn(&str) -> Result<Response<Body>, ureq::Error>,
+    ) -> Result<Answer> {
+        let first = self.preferred.get();
+        let order = std::iter::once(first).chain((0..self.nodes.len()).filter(|&i| i != first));
+        let mut unreachable = Vec::new();
+        for index in order {
+            let base = &self.nodes[index];
+            match call(&format!("{base}/api/v1{path}")) {
+                Ok(response) => {
+                    self.preferred.set(index);
+                    return finish(base, response);
+                }
+                Err(error) if not_reached(&error) => unreachable.push((base.as_str(), error)),
+                Err(error) => bail!("the request to the trireme node at {base} failed: {error}"),
+            }
         }
-        match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(body) => bail!("{}", body.error),
-            Err(_) => bail!(
-                "the node at {} answered {status}: {}",
-                self.base_url,
-                text.trim()
-            ),
+        Err(none_reached(&unreachable))
+    }
+}
+
+/// Whether the request certainly never reached the node, so that trying
+/// another node cannot do anything twice.
+fn not_reached(error: &ureq::Error) -> bool {
+    match error {
+        ureq::Error::HostNotFound | ureq::Error::ConnectionFailed => true,
+        ureq::Error::Timeout(timeout) => {
+            matches!(timeout, ureq::Timeout::Connect | ureq::Timeout::Resolve)
         }
+        ureq::Error::Io(error) => matches!(
+            error.kind(),
+            ErrorKind::ConnectionRefused
+                | ErrorKind::TimedOut
+                | ErrorKind::HostUnreachable
+                | ErrorKind::NetworkUnreachable
+                | ErrorKind::AddrNotAvailable
+        ),
+        _ => false,
+    }
+}
+
+fn none_reached(tried: &[(&str, ureq::Error)]) -> anyhow::Error {
+    match tried {
+        [(base, error)] => anyhow!(
+            "cannot reach the trireme node at {base}: {error}; is `trireme node run` running? \
+             (--api takes several nodes: --api a:7450,b:7450)"
+        ),
+        _ => anyhow!(
+            "cannot reach any trireme node; tried {}; is `trireme node run` running on them?",
+            tried
+                .iter()
+                .map(|(base, error)| format!("{base} ({error})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+fn finish(base: &str, mut response: Response<Body>) -> Result<Answer> {
+    let status = response.status();
+    let text = response
+        .body_mut()
+        .read_to_string()
+        .with_context(|| format!("reading the answer of the node at {base}"))?;
+    if status.is_success() {
+        let json = (!text.trim().is_empty()).then_some(text);
+        return Ok(Answer {
+            status: status.as_u16(),
+            json,
+        });
+    }
+    match serde_json::from_str::<ErrorBody>(&text) {
+        Ok(body) => bail!("{}", body.error),
+        Err(_) => bail!("the node at {base} answered {status}: {}", text.trim()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(kind: ErrorKind) -> ureq::Error {
+        ureq::Error::Io(std::io::Error::from(kind))
+    }
+
+    #[test]
+    fn only_connection_failures_move_on_to_the_next_node() {
+        assert!(not_reached(&io(ErrorKind::ConnectionRefused)));
+        assert!(not_reached(&io(ErrorKind::TimedOut)));
+        assert!(not_reached(&ureq::Error::Timeout(ureq::Timeout::Connect)));
+        assert!(not_reached(&ureq::Error::HostNotFound));
+        // The request may have arrived: never send it again elsewhere.
+        assert!(!not_reached(&io(ErrorKind::ConnectionReset)));
+        assert!(!not_reached(&ureq::Error::Timeout(
+            ureq::Timeout::RecvResponse
+        )));
+        assert!(!not_reached(&ureq::Error::StatusCode(503)));
+    }
+
+    #[test]
+    fn a_dead_list_names_every_address_tried() {
+        let addresses = ApiAddresses::parse("127.0.0.1:1,http://127.0.0.1:2").unwrap();
+        let client = Client::new(&addresses, None);
+        let error = client.get("/status").err().expect("nothing listens there");
+        let text = format!("{error:#}");
+        assert!(text.contains("http://127.0.0.1:1"), "{text}");
+        assert!(text.contains("http://127.0.0.1:2"), "{text}");
+    }
+
+    #[test]
+    fn the_token_goes_into_the_authorization_header() {
+        let addresses = ApiAddresses::parse("127.0.0.1:1").unwrap();
+        let client = Client::new(&addresses, Some("abc"));
+        assert_eq!(client.authorization.as_deref(), Some("Bearer abc"));
+        assert!(Client::new(&addresses, None).authorization.is_none());
     }
 }

@@ -2,9 +2,11 @@
 //! command is a client of a node's REST API.
 //!
 //! - `args`: the command line (clap derive), with size and name parsing.
-//! - `client`: the blocking HTTP client and its error messages.
-//! - `output`: tables and JSON printing.
-//! - `commands`: one module per noun (`node`, `pool`, `volume`).
+//! - `client`: the blocking HTTP client (several node addresses, the admin
+//!   token) and its error messages.
+//! - `output`: tables, the status screen and JSON printing.
+//! - `commands`: one module per noun (`status`, `node`, `pool`, `volume`,
+//!   `group`, `cluster`).
 
 mod args;
 mod client;

@@ -2,7 +2,11 @@
 
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
-use trireme_node::api::model::{PoolResponse, PoolState, ScanResponse, VolumeResponse};
+use std::collections::BTreeSet;
+use trireme_node::api::model::{
+    GroupBody, NodeEntry, NodeResponse, PoolResponse, PoolState, ReplicaResponse, ScanResponse,
+    SettingsBody, StatusResponse, VolumeResponse,
+};
 use trireme_types::format_size;
 
 use crate::client::Answer;
@@ -133,22 +137,37 @@ pub fn pool_detail(pool: &PoolResponse) {
     println!("{table}");
 }
 
-pub fn volumes_table(volumes: &[VolumeResponse], pools: &[PoolResponse]) {
+pub fn volumes_table(volumes: &[VolumeResponse], pools: &[PoolResponse], not_online: &NotOnline) {
     if volumes.is_empty() {
         println!("no volumes: create one with `trireme volume create NAME --size 32G`");
         return;
     }
-    let mut table = new_table(&["NAME", "POOL", "SIZE", "ALLOCATED", "NBD"]);
+    let mut table = new_table(&[
+        "NAME",
+        "POOL",
+        "SIZE",
+        "ALLOCATED",
+        "GROUP",
+        "STATE",
+        "REPLICAS",
+        "NBD",
+    ]);
     for volume in volumes {
         table.add_row(vec![
             Cell::new(&volume.name),
-            Cell::new(&volume.pool),
+            Cell::new(or_dash(&volume.pool)),
             right(format_size(volume.size_bytes)),
             right(format_size(volume.allocated_bytes)),
+            Cell::new(&volume.group),
+            Cell::new(&volume.state),
+            Cell::new(replicas_column(&volume.replicas, not_online)),
             Cell::new(volume.nbd_url.as_deref().unwrap_or("-")),
         ]);
     }
     println!("{table}");
+    if let Some(legend) = replicas_legend(volumes.iter().flat_map(|v| &v.replicas), not_online) {
+        println!("{legend}");
+    }
     for pool in pools.iter().filter(|pool| pool.state == PoolState::Online) {
         let (Some(provisioned_bytes), Some(capacity_bytes)) =
             (pool.provisioned_bytes, pool.capacity_bytes)
@@ -171,7 +190,7 @@ pub fn volumes_table(volumes: &[VolumeResponse], pools: &[PoolResponse]) {
     }
 }
 
-pub fn volume_detail(volume: &VolumeResponse) {
+pub fn volume_detail(volume: &VolumeResponse, not_online: &NotOnline) {
     let mut table = new_table(&["VOLUME", &volume.name]);
     let rows: Vec<(&str, String)> = vec![
         ("id", volume.id.to_string()),
@@ -188,11 +207,372 @@ pub fn volume_detail(volume: &VolumeResponse) {
         ("created (unix s)", volume.created_unix_seconds.to_string()),
         ("checksum errors", volume.checksum_errors.to_string()),
         ("nbd", volume.nbd_url.clone().unwrap_or_else(|| "-".into())),
+        ("group", volume.group.clone()),
+        ("state", volume.state.clone()),
+        ("replicas", replicas_column(&volume.replicas, not_online)),
     ];
     for (key, value) in rows {
         table.add_row(vec![key.to_string(), value]);
     }
     println!("{table}");
+    replicas_table(&volume.replicas, not_online);
+}
+
+/// One line per replica: node, kind, pool, state, allocation and why it failed.
+fn replicas_table(replicas: &[ReplicaResponse], not_online: &NotOnline) {
+    if replicas.is_empty() {
+        println!("no replicas");
+        return;
+    }
+    let mut table = new_table(&["NODE", "KIND", "POOL", "STATE", "ALLOCATED", "MESSAGE"]);
+    for replica in sorted_replicas(replicas) {
+        // Only diskful replicas are made and reported by their node.
+        let diskful = replica.kind == "diskful";
+        table.add_row(vec![
+            Cell::new(&replica.node),
+            Cell::new(&replica.kind),
+            Cell::new(replica.pool.as_deref().unwrap_or("-")),
+            Cell::new(match (diskful, not_online.contains(&replica.node)) {
+                (true, true) => format!("{} (node offline)", replica.state),
+                (true, false) => replica.state.clone(),
+                (false, true) => "node offline".to_string(),
+                (false, false) => "-".to_string(),
+            }),
+            right(if diskful {
+                format_size(replica.allocated_bytes)
+            } else {
+                "-".to_string()
+            }),
+            Cell::new(replica.message.as_deref().unwrap_or("")),
+        ]);
+    }
+    println!("{table}");
+}
+
+/// Diskful replicas first, then the tiebreaker, then diskless members;
+/// the node's order otherwise.
+fn sorted_replicas(replicas: &[ReplicaResponse]) -> Vec<&ReplicaResponse> {
+    let rank = |replica: &ReplicaResponse| match replica.kind.as_str() {
+        "diskful" => 0,
+        "tiebreaker" => 1,
+        _ => 2,
+    };
+    let mut sorted: Vec<&ReplicaResponse> = replicas.iter().collect();
+    sorted.sort_by_key(|replica| rank(replica));
+    sorted
+}
+
+/// The nodes that are not online (offline or evicted), by name.
+pub type NotOnline = BTreeSet<String>;
+
+/// How a replica shows in [`replicas_column`]: its node's name, `!` when
+/// it failed, `*` when its node has not reported it yet (diskful replicas
+/// only: the others hold no data), then in parentheses `tb` for the
+/// tiebreaker, `dl` for a diskless member and `off` when its node is not
+/// online. E.g. `n1`, `n2*`, `n3!(off)`, `n4(tb)`, `n5(dl,off)`.
+fn replica_label(replica: &ReplicaResponse, not_online: &NotOnline) -> String {
+    let mut label = replica.node.clone();
+    let mut notes = Vec::new();
+    match (replica.kind.as_str(), replica.state.as_str()) {
+        ("diskful", "ready") => {}
+        ("diskful", "failed") => label.push('!'),
+        ("diskful", _) => label.push('*'),
+        ("tiebreaker", _) => notes.push("tb"),
+        ("diskless", _) => notes.push("dl"),
+        (other, _) => notes.push(other),
+    }
+    if not_online.contains(&replica.node) {
+        notes.push("off");
+    }
+    if !notes.is_empty() {
+        label.push_str(&format!("({})", notes.join(",")));
+    }
+    label
+}
+
+/// `n1,n2*,n3!,n4(tb)`: the nodes holding a volume, diskful replicas first.
+/// See [`replica_label`] for the markers.
+pub fn replicas_column(replicas: &[ReplicaResponse], not_online: &NotOnline) -> String {
+    if replicas.is_empty() {
+        return "-".to_string();
+    }
+    sorted_replicas(replicas)
+        .into_iter()
+        .map(|replica| replica_label(replica, not_online))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// What the markers of [`replicas_column`] mean, when any is shown.
+fn replicas_legend<'a>(
+    replicas: impl Iterator<Item = &'a ReplicaResponse>,
+    not_online: &NotOnline,
+) -> Option<String> {
+    let (mut pending, mut failed, mut tiebreaker, mut diskless, mut off) =
+        (false, false, false, false, false);
+    for replica in replicas {
+        match (replica.kind.as_str(), replica.state.as_str()) {
+            ("diskful", "ready") => {}
+            ("diskful", "failed") => failed = true,
+            ("diskful", _) => pending = true,
+            ("tiebreaker", _) => tiebreaker = true,
+            _ => diskless = true,
+        }
+        off |= not_online.contains(&replica.node);
+    }
+    let parts: Vec<&str> = [
+        (pending, "* not reported by its node yet"),
+        (failed, "! failed (`trireme volume show NAME` says why)"),
+        (tiebreaker, "tb: tiebreaker, votes but holds no data"),
+        (diskless, "dl: diskless member"),
+        (off, "off: its node is offline"),
+    ]
+    .into_iter()
+    .filter_map(|(shown, text)| shown.then_some(text))
+    .collect();
+    (!parts.is_empty()).then(|| format!("replicas: {}", parts.join("; ")))
+}
+
+fn or_dash(text: &str) -> &str {
+    if text.is_empty() {
+        "-"
+    } else {
+        text
+    }
+}
+
+/// `5s`, `3m`, `2h`, `4d`: how long, in the largest whole unit.
+pub fn format_age(seconds: u64) -> String {
+    match seconds {
+        0..60 => format!("{seconds}s"),
+        60..3600 => format!("{}m", seconds / 60),
+        3600..86400 => format!("{}h", seconds / 3600),
+        _ => format!("{}d", seconds / 86400),
+    }
+}
+
+/// `1h`, `1h30m`, `45s`, `2d`: exactly, as `--eviction-delay` takes it.
+pub fn format_duration(seconds: u64) -> String {
+    if seconds == 0 {
+        return "0s".to_string();
+    }
+    let mut text = String::new();
+    let mut left = seconds;
+    for (unit, size) in [("d", 86400), ("h", 3600), ("m", 60), ("s", 1)] {
+        if left >= size {
+            text.push_str(&format!("{}{unit}", left / size));
+            left %= size;
+        }
+    }
+    text
+}
+
+/// `trireme status`: one screen, like `ceph -s`.
+pub fn status_screen(status: &StatusResponse) {
+    let list = |names: &[String]| {
+        if names.is_empty() {
+            "-".to_string()
+        } else {
+            names.join(", ")
+        }
+    };
+    let nodes = &status.nodes;
+    let volumes = &status.volumes;
+    let by_state: Vec<String> = [
+        (volumes.ready, "ready"),
+        (volumes.creating, "creating"),
+        (volumes.degraded, "degraded"),
+        (volumes.failed, "failed"),
+        (volumes.deleting, "deleting"),
+    ]
+    .into_iter()
+    .filter(|(count, _)| *count > 0)
+    .map(|(count, state)| format!("{count} {state}"))
+    .collect();
+    let eviction = if status.eviction_enabled {
+        format!(
+            "on: nodes offline for {} are evicted",
+            format_duration(status.eviction_delay_secs)
+        )
+    } else {
+        format!(
+            "off (delay {} when switched on)",
+            format_duration(status.eviction_delay_secs)
+        )
+    };
+    println!("cluster:");
+    println!("  id:         {}", status.cluster_id);
+    println!("  health:     {}", status.health);
+    println!("  this node:  {}", status.this_node);
+    println!();
+    println!("control plane:");
+    println!(
+        "  leader:     {}",
+        status.leader.as_deref().unwrap_or("none (no quorum)")
+    );
+    println!("  voters:     {}", list(&status.voters));
+    println!("  learners:   {}", list(&status.learners));
+    println!("  eviction:   {eviction}");
+    println!();
+    println!(
+        "nodes:        {}/{} online ({} offline, {} evicted)",
+        nodes.online, nodes.total, nodes.offline, nodes.evicted
+    );
+    println!(
+        "pools:        {}, {} capacity, {} free, {} provisioned ({})",
+        status.pools,
+        format_size(status.capacity_bytes),
+        format_size(status.free_bytes),
+        format_size(status.provisioned_bytes),
+        percent(status.provisioned_bytes, status.capacity_bytes),
+    );
+    if by_state.is_empty() {
+        println!("volumes:      {}", volumes.total);
+    } else {
+        println!("volumes:      {} ({})", volumes.total, by_state.join(", "));
+    }
+    if !status.warnings.is_empty() {
+        println!();
+    }
+    for warning in &status.warnings {
+        println!("warning: {warning}");
+    }
+}
+
+pub fn nodes_table(nodes: &[NodeEntry]) {
+    if nodes.is_empty() {
+        println!("no nodes: the cluster has not received its state yet");
+        return;
+    }
+    let mut table = new_table(&[
+        "NAME",
+        "ID",
+        "STATE",
+        "FOR",
+        "ROLE",
+        "ADDRESS",
+        "LABELS",
+        "POOLS",
+        "FREE/CAPACITY",
+    ]);
+    for node in nodes {
+        let labels: Vec<String> = node
+            .labels
+            .iter()
+            .map(|(key, value)| format!("{key}={value}"))
+            .collect();
+        let space = if node.pools == 0 {
+            "-".to_string()
+        } else {
+            format!(
+                "{} / {}",
+                format_size(node.free_bytes),
+                format_size(node.capacity_bytes)
+            )
+        };
+        table.add_row(vec![
+            Cell::new(&node.name),
+            right(node.id.to_string()),
+            Cell::new(&node.state),
+            right(format_age(node.state_seconds)),
+            Cell::new(&node.role),
+            Cell::new(&node.api_address),
+            Cell::new(if labels.is_empty() {
+                "-".to_string()
+            } else {
+                labels.join(",")
+            }),
+            right(node.pools.to_string()),
+            right(space),
+        ]);
+    }
+    println!("{table}");
+}
+
+pub fn node_info(node: &NodeResponse) {
+    println!("trireme node {}", node.version);
+    println!("  cluster id:     {}", node.cluster_id);
+    println!("  node:           {} (id {})", node.node_name, node.node_id);
+    println!("  data directory: {}", node.data_dir);
+    println!("  REST API:       http://{}", node.api_address);
+    println!(
+        "  NBD (TCP):      {}",
+        node.nbd_tcp_address.as_deref().unwrap_or("-")
+    );
+    println!(
+        "  NBD (unix):     {}",
+        node.nbd_unix_socket.as_deref().unwrap_or("-")
+    );
+}
+
+pub fn groups_table(groups: &[GroupBody]) {
+    if groups.is_empty() {
+        println!("no resource groups: create one with `trireme group create NAME --place-count 3`");
+        return;
+    }
+    let mut table = new_table(&[
+        "NAME",
+        "PLACE-COUNT",
+        "MIN-PLACE-COUNT",
+        "POOLS",
+        "CLASS",
+        "REPLICAS-ON-DIFFERENT",
+        "DISKLESS-ON-REMAINING",
+        "ON-NO-QUORUM",
+    ]);
+    for group in groups {
+        let joined = |items: &[String], none: &str| {
+            if items.is_empty() {
+                none.to_string()
+            } else {
+                items.join(",")
+            }
+        };
+        table.add_row(vec![
+            Cell::new(&group.name),
+            right(group.place_count.to_string()),
+            right(
+                group
+                    .min_place_count
+                    .unwrap_or(group.place_count)
+                    .to_string(),
+            ),
+            Cell::new(joined(&group.pools, "any")),
+            Cell::new(group.class.as_deref().unwrap_or("any")),
+            Cell::new(joined(&group.replicas_on_different, "-")),
+            Cell::new(if group.diskless_on_remaining {
+                "yes"
+            } else {
+                "no"
+            }),
+            Cell::new(group.on_no_quorum.as_deref().unwrap_or("io-error")),
+        ]);
+    }
+    println!("{table}");
+}
+
+pub fn settings(settings: &SettingsBody) {
+    println!(
+        "eviction:       {}",
+        if settings.eviction_enabled {
+            "on"
+        } else {
+            "off"
+        }
+    );
+    println!(
+        "eviction delay: {} ({} s)",
+        format_duration(settings.eviction_delay_secs),
+        settings.eviction_delay_secs
+    );
+    if settings.eviction_enabled {
+        println!(
+            "a node offline for longer than {} is evicted: its replicas are placed on other nodes",
+            format_duration(settings.eviction_delay_secs)
+        );
+    } else {
+        println!("offline nodes keep their replicas until they return or are removed (`trireme node remove`)");
+    }
 }
 
 pub fn scan_report(pool: &str, report: &ScanResponse) {
@@ -210,5 +590,90 @@ pub fn scan_report(pool: &str, report: &ScanResponse) {
     }
     for problem in &report.problems {
         println!("problem: {problem}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(node: &str, kind: &str, state: &str) -> ReplicaResponse {
+        ReplicaResponse {
+            node: node.to_string(),
+            kind: kind.to_string(),
+            pool: (kind == "diskful").then(|| "default".to_string()),
+            state: state.to_string(),
+            message: (state == "failed").then(|| "No space left on device".to_string()),
+            allocated_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn the_replicas_column_marks_what_is_not_ready() {
+        let all_online = NotOnline::new();
+        assert_eq!(replicas_column(&[], &all_online), "-");
+        let replicas = [
+            replica("n4", "tiebreaker", "pending"),
+            replica("n1", "diskful", "ready"),
+            replica("n2", "diskful", "pending"),
+            replica("n5", "diskless", "pending"),
+            replica("n3", "diskful", "failed"),
+        ];
+        assert_eq!(
+            replicas_column(&replicas, &all_online),
+            "n1,n2*,n3!,n4(tb),n5(dl)"
+        );
+        let legend = replicas_legend(replicas.iter(), &all_online).unwrap();
+        for marker in ["*", "!", "tb:", "dl:"] {
+            assert!(legend.contains(marker), "{legend}");
+        }
+        assert!(!legend.contains("off"), "{legend}");
+        let ready = [
+            replica("n1", "diskful", "ready"),
+            replica("n2", "diskful", "ready"),
+        ];
+        assert_eq!(replicas_column(&ready, &all_online), "n1,n2");
+        assert_eq!(replicas_legend(ready.iter(), &all_online), None);
+    }
+
+    #[test]
+    fn replicas_on_offline_nodes_say_so() {
+        let not_online: NotOnline = ["n2".to_string(), "n4".to_string()].into();
+        let replicas = [
+            replica("n1", "diskful", "ready"),
+            replica("n2", "diskful", "ready"),
+            replica("n3", "diskful", "pending"),
+            replica("n4", "tiebreaker", "pending"),
+        ];
+        assert_eq!(
+            replicas_column(&replicas, &not_online),
+            "n1,n2(off),n3*,n4(tb,off)"
+        );
+        let legend = replicas_legend(replicas.iter(), &not_online).unwrap();
+        assert!(legend.contains("off: its node is offline"), "{legend}");
+    }
+
+    #[test]
+    fn ages_use_the_largest_whole_unit() {
+        assert_eq!(format_age(0), "0s");
+        assert_eq!(format_age(5), "5s");
+        assert_eq!(format_age(59), "59s");
+        assert_eq!(format_age(60), "1m");
+        assert_eq!(format_age(3 * 60 + 59), "3m");
+        assert_eq!(format_age(2 * 3600 + 5), "2h");
+        assert_eq!(format_age(86400 * 4 + 7), "4d");
+    }
+
+    #[test]
+    fn durations_print_as_they_are_typed() {
+        assert_eq!(format_duration(0), "0s");
+        assert_eq!(format_duration(45), "45s");
+        assert_eq!(format_duration(3600), "1h");
+        assert_eq!(format_duration(5400), "1h30m");
+        assert_eq!(format_duration(86400 + 61), "1d1m1s");
+        for seconds in [1, 59, 60, 61, 3599, 3600, 5400, 86399, 86400, 1_000_000] {
+            let text = format_duration(seconds);
+            assert_eq!(crate::args::parse_duration(&text), Ok(seconds), "{text}");
+        }
     }
 }

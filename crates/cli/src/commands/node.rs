@@ -1,40 +1,99 @@
 //! `trireme node run` (the daemon) and `trireme node info`.
 
 use anyhow::{Context, Result};
-use trireme_node::api::model::NodeResponse;
+use trireme_node::api::model::{NodeEntry, NodeResponse, VolumeResponse};
+use trireme_node::cluster::ClusterConfig;
 use trireme_node::DaemonConfig;
+use trireme_types::NodeName;
 
 use crate::args::{NodeCommand, OutputFormat, RunArgs};
 use crate::client::Client;
 use crate::output;
 
 /// Log level when RUST_LOG is not set.
-const DEFAULT_LOG_FILTER: &str = "info";
+const DEFAULT_LOG_FILTER: &str = "info,openraft=warn";
 
 pub fn run(command: NodeCommand, format: OutputFormat, client: impl Fn() -> Client) -> Result<()> {
+    let json = format == OutputFormat::Json;
     match command {
-        NodeCommand::Run(arguments) => run_daemon(arguments),
+        NodeCommand::Run(arguments) => run_daemon(*arguments),
         NodeCommand::Info => {
             let answer = client().get("/node")?;
-            if format == OutputFormat::Json {
+            if json {
                 output::print_json(&answer);
-                return Ok(());
+            } else {
+                output::node_info(&answer.parse::<NodeResponse>()?);
             }
-            let node: NodeResponse = answer.parse()?;
-            println!("trireme node {}", node.version);
-            println!("  data directory: {}", node.data_dir);
-            println!("  REST API:       http://{}", node.api_address);
-            println!(
-                "  NBD (TCP):      {}",
-                node.nbd_tcp_address.as_deref().unwrap_or("-")
-            );
-            println!(
-                "  NBD (unix):     {}",
-                node.nbd_unix_socket.as_deref().unwrap_or("-")
-            );
             Ok(())
         }
+        NodeCommand::List => {
+            let answer = client().get("/nodes")?;
+            if json {
+                output::print_json(&answer);
+            } else {
+                output::nodes_table(&answer.parse::<Vec<NodeEntry>>()?);
+            }
+            Ok(())
+        }
+        NodeCommand::Remove { name } => remove(&client(), &name, json),
     }
+}
+
+/// `trireme node remove NAME`, saying what the removal did.
+fn remove(client: &Client, name: &NodeName, json: bool) -> Result<()> {
+    // What the node was and held, for the report; the removal decides.
+    let entry = client
+        .get("/nodes")?
+        .parse::<Vec<NodeEntry>>()
+        .ok()
+        .and_then(|nodes| nodes.into_iter().find(|node| node.name == name.as_str()));
+    let held: Option<Vec<String>> = client
+        .get("/volumes")?
+        .parse::<Vec<VolumeResponse>>()
+        .ok()
+        .map(|volumes| {
+            volumes
+                .into_iter()
+                .filter(|volume| {
+                    volume.state != "deleting"
+                        && volume
+                            .replicas
+                            .iter()
+                            .any(|replica| replica.node == name.as_str())
+                })
+                .map(|volume| volume.name)
+                .collect()
+        });
+    let answer = client.delete(&format!("/nodes/{name}"))?;
+    if json {
+        output::print_json(&answer);
+        return Ok(());
+    }
+    match &entry {
+        Some(node) => println!(
+            "node '{name}' (id {}, {} {}) removed from the cluster",
+            node.id, node.state, node.role
+        ),
+        None => println!("node '{name}' removed from the cluster"),
+    }
+    if entry
+        .as_ref()
+        .is_some_and(|node| node.role == "leader" || node.role == "voter")
+    {
+        println!("its vote in the control plane goes to another online node, if one can take it");
+    }
+    match held.as_deref() {
+        Some([]) => println!("it held no replicas"),
+        Some(volumes) => println!(
+            "its replicas of {} are dropped: those volumes have fewer replicas now (see `trireme status`)",
+            volumes.join(", ")
+        ),
+        None => {}
+    }
+    if entry.as_ref().is_some_and(|node| node.state == "online") {
+        println!("stop `trireme node run` on that machine");
+    }
+    Ok(())
 }
 
 fn run_daemon(arguments: RunArgs) -> Result<()> {
@@ -47,7 +106,18 @@ fn run_daemon(arguments: RunArgs) -> Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    let name = match arguments.name {
+        Some(name) => name,
+        None => host_name()?,
+    };
     let config = DaemonConfig {
+        cluster: ClusterConfig {
+            name,
+            labels: arguments.labels.into_iter().collect(),
+            join: arguments.join.zip(arguments.token),
+            trust_loopback: arguments.trust_loopback,
+        },
+        advertise: arguments.advertise,
         data_dir: arguments.data_dir,
         api_listen: arguments.api_listen,
         nbd_listen: arguments.nbd_listen,
@@ -57,4 +127,16 @@ fn run_daemon(arguments: RunArgs) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(trireme_node::run(config))?;
     Ok(())
+}
+
+/// The default node name: the host name, which must be a valid node name.
+fn host_name() -> Result<NodeName> {
+    let text = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .context("reading the host name (give the node a name with --name)")?;
+    NodeName::new(text.trim()).with_context(|| {
+        format!(
+            "the host name '{}' is not a valid node name: give one with --name",
+            text.trim()
+        )
+    })
 }
