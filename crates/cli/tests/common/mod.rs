@@ -361,11 +361,27 @@ pub fn is_ready_line(line: &str) -> bool {
         .any(|w| w == "ready")
 }
 
+/// How a [`TestNode`] is started.
+#[derive(Clone, Debug, Default)]
+pub struct NodeSpec {
+    /// `--name` (default: "test").
+    pub name: Option<String>,
+    /// `--join ADDRESS --token TOKEN`.
+    pub join: Option<(String, String)>,
+    /// The IP to listen on (default 127.0.0.1).
+    pub ip: Option<String>,
+    /// Run inside this network namespace (`ip netns exec NS ...`).
+    pub netns: Option<String>,
+    /// More arguments for `node run`.
+    pub args: Vec<String>,
+}
+
 /// One `trireme node run` process.
 pub struct TestNode {
     pub dir: TempDir,
     pub nbd_port: u16,
     pub api_port: u16,
+    pub spec: NodeSpec,
     child: Option<Child>,
     starts: u32,
 }
@@ -373,16 +389,31 @@ pub struct TestNode {
 impl TestNode {
     /// Start a node on a fresh data dir and wait for "ready".
     pub fn start() -> TestNode {
+        Self::start_with(NodeSpec::default())
+    }
+
+    /// Start a node as `spec` says, on a fresh data dir.
+    pub fn start_with(spec: NodeSpec) -> TestNode {
         let dir = TempDir::new("node");
         let mut n = TestNode {
             dir,
             nbd_port: 0,
             api_port: 0,
+            spec,
             child: None,
             starts: 0,
         };
         n.launch();
         n
+    }
+
+    pub fn ip(&self) -> String {
+        self.spec.ip.clone().unwrap_or_else(|| "127.0.0.1".into())
+    }
+
+    /// `HOST:PORT` of the REST API.
+    pub fn api_address(&self) -> String {
+        format!("{}:{}", self.ip(), self.api_port)
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -398,7 +429,7 @@ impl TestNode {
     }
 
     pub fn api_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.api_port)
+        format!("http://{}", self.api_address())
     }
 
     /// nbd://127.0.0.1:PORT/NAME
@@ -414,19 +445,35 @@ impl TestNode {
         let data = self.data_dir();
         std::fs::create_dir_all(&data).unwrap();
         let log = std::fs::File::create(self.log_path()).unwrap();
-        let mut c = Command::new(trireme_bin());
+        // A restarted node keeps its ports: the cluster knows it by its
+        // API address.
+        let ip = self.ip();
+        let mut c = match &self.spec.netns {
+            Some(namespace) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", namespace]).arg(trireme_bin());
+                c
+            }
+            None => Command::new(trireme_bin()),
+        };
         c.args(["node", "run", "--data-dir"])
             .arg(&data)
             .arg("--nbd-listen")
-            .arg("127.0.0.1:0")
+            .arg(format!("{ip}:{}", self.nbd_port))
             .arg("--nbd-socket")
             .arg(data.join("nbd.sock"))
             .arg("--api-listen")
-            .arg("127.0.0.1:0")
+            .arg(format!("{ip}:{}", self.api_port))
+            .arg("--name")
+            .arg(self.spec.name.as_deref().unwrap_or("test"))
+            .args(&self.spec.args)
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log));
+        if let Some((address, token)) = &self.spec.join {
+            c.args(["--join", address, "--token", token]);
+        }
         let what = render(&c);
         let mut child = c
             .spawn()
@@ -527,9 +574,23 @@ impl TestNode {
         }
     }
 
-    /// A `trireme --api URL --output json ARGS...` command.
+    /// A `trireme --api URL --output json ARGS...` command (run inside the
+    /// node's network namespace, if it has one).
     pub fn cli_cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(trireme_bin());
+        let mut c = match &self.spec.netns {
+            Some(namespace) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", namespace]).arg(trireme_bin());
+                c
+            }
+            None => Command::new(trireme_bin()),
+        };
+        // Off loopback, clients need the admin token, as people would.
+        if self.ip() != "127.0.0.1" {
+            if let Ok(token) = std::fs::read_to_string(self.data_dir().join("admin.token")) {
+                c.env("TRIREME_TOKEN", token.trim());
+            }
+        }
         c.arg("--api")
             .arg(self.api_url())
             .args(["--output", "json"])
@@ -689,4 +750,56 @@ impl<F: FnMut()> Drop for Guard<F> {
 /// A clean `Output`-like check for a Command that must succeed.
 pub fn output_ok(o: &Output) -> bool {
     o.status.success()
+}
+
+/// A minimal HTTP/1.1 request to `host:port` with extra headers: returns
+/// (status, body). For endpoints the CLI does not call (node-to-node ones).
+pub fn http_at(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    let mut s = TcpStream::connect(address).expect("connect to API");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    let mut resp = Vec::new();
+    let _ = s.read_to_end(&mut resp);
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("bad HTTP response to {method} {path}: {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The join token of the cluster `node` belongs to.
+pub fn join_token(node: &TestNode) -> String {
+    let token = std::fs::read_to_string(node.data_dir().join("admin.token")).unwrap();
+    let bearer = format!("Bearer {}", token.trim());
+    let (status, body) = http_at(
+        &node.api_address(),
+        "GET",
+        "/api/v1/cluster/join-token",
+        &[("Authorization", &bearer)],
+        b"",
+    );
+    assert_eq!(status, 200, "join-token: {body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    json["token"].as_str().unwrap().to_string()
 }

@@ -1,0 +1,451 @@
+//! The control plane with real `trireme node run` processes on 127.0.0.1:
+//! growing from one node to three and five, losing the leader, restarting,
+//! stopping everything and starting again.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+/// How long a new leader may take after the old one is killed. Elections
+/// time out after 1-2 s; the rest is slack for a loaded 2-core machine.
+const ELECTION_DEADLINE: Duration = Duration::from_secs(15);
+
+fn spec(name: &str, join: Option<(String, String)>) -> NodeSpec {
+    NodeSpec {
+        name: Some(name.to_string()),
+        join,
+        ..NodeSpec::default()
+    }
+}
+
+fn joiner(first: &TestNode, name: &str) -> TestNode {
+    TestNode::start_with(spec(name, Some((first.api_address(), join_token(first)))))
+}
+
+fn status(node: &TestNode) -> Value {
+    node.cli_json(&["status"])
+}
+
+/// Waits until `node` reports `voters` voters, all nodes online, and a leader.
+fn wait_settled(node: &TestNode, voters: usize, nodes: usize) -> Value {
+    let mut last = Value::Null;
+    let settled = wait_until(Duration::from_secs(60), || {
+        last = status(node);
+        last["voters"].as_array().map(Vec::len) == Some(voters)
+            && last["nodes"]["online"] == nodes
+            && last["nodes"]["total"] == nodes
+            && last["leader"].is_string()
+    });
+    assert!(
+        settled,
+        "cluster did not settle at {voters} voters / {nodes} nodes: {last:#}\n--- log ---\n{}",
+        node.log_tail()
+    );
+    last
+}
+
+fn volume_names(node: &TestNode) -> BTreeSet<String> {
+    node.cli_json(&["volume", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|volume| volume["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn leader_of(nodes: &[TestNode], alive: &[bool]) -> Option<String> {
+    nodes
+        .iter()
+        .zip(alive)
+        .filter(|(_, alive)| **alive)
+        .find_map(|(node, _)| {
+            let mut c = node.cli_cmd(&["status"]);
+            let out = exec(&mut c, CLI_TIMEOUT);
+            if !out.success() {
+                return None;
+            }
+            let json: Value = serde_json::from_str(&out.stdout).ok()?;
+            json["leader"].as_str().map(String::from)
+        })
+}
+
+#[test]
+fn grows_to_five_survives_leader_loss_and_full_restart() {
+    let mut nodes = vec![TestNode::start_with(spec("n1", None))];
+    let first_status = status(&nodes[0]);
+    let cluster_id = first_status["cluster_id"].as_str().unwrap().to_string();
+    assert_eq!(first_status["leader"], "n1", "{first_status:#}");
+
+    // One to three: the control plane becomes three voters.
+    for name in ["n2", "n3"] {
+        let node = joiner(&nodes[0], name);
+        nodes.push(node);
+    }
+    let settled = wait_settled(&nodes[2], 3, 3);
+    assert_eq!(settled["cluster_id"], cluster_id.as_str());
+
+    // A volume with no flags gets the default group's three replicas.
+    let volume = nodes[1].cli_json(&["volume", "create", "vm1", "--size", "64M"]);
+    assert_eq!(volume["state"], "ready", "{volume:#}");
+    let holders: BTreeSet<&str> = volume["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|replica| replica["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(holders, BTreeSet::from(["n1", "n2", "n3"]), "{volume:#}");
+
+    // Three to five: five voters, and the new nodes have the state.
+    for name in ["n4", "n5"] {
+        let node = joiner(&nodes[1], name);
+        nodes.push(node);
+    }
+    wait_settled(&nodes[4], 5, 5);
+    assert_eq!(volume_names(&nodes[4]), BTreeSet::from(["vm1".to_string()]));
+
+    // Kill the leader: a survivor elects a new one, and the CLI keeps
+    // working through any survivor.
+    let mut alive = vec![true; nodes.len()];
+    let leader = leader_of(&nodes, &alive).expect("a leader");
+    let index = nodes
+        .iter()
+        .position(|node| node.spec.name.as_deref() == Some(leader.as_str()))
+        .unwrap();
+    let killed_at = Instant::now();
+    nodes[index].kill9();
+    alive[index] = false;
+    let mut new_leader = None;
+    let elected = wait_until(ELECTION_DEADLINE, || {
+        new_leader = leader_of(&nodes, &alive).filter(|name| *name != leader);
+        new_leader.is_some()
+    });
+    assert!(
+        elected,
+        "no new leader within {ELECTION_DEADLINE:?} of killing {leader}"
+    );
+    eprintln!(
+        "leader {leader} killed; {} elected after {:?}",
+        new_leader.unwrap(),
+        killed_at.elapsed()
+    );
+    let survivors: Vec<usize> = (0..nodes.len()).filter(|i| alive[*i]).collect();
+    for (round, i) in survivors.iter().enumerate() {
+        let name = format!("after-{round}");
+        let created = nodes[*i].cli_json(&["volume", "create", &name, "--size", "16M"]);
+        assert_eq!(created["name"], name.as_str());
+    }
+    // Through a list of addresses whose first one is dead.
+    let dead_then_alive = format!(
+        "{},{}",
+        nodes[index].api_url(),
+        nodes[survivors[0]].api_url()
+    );
+    let mut c = cmd(
+        trireme_bin(),
+        &[
+            "--api",
+            &dead_then_alive,
+            "--output",
+            "json",
+            "volume",
+            "list",
+        ],
+    );
+    let listed: Value = serde_json::from_str(&run(&mut c)).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1 + survivors.len());
+
+    // The killed node restarts and catches up.
+    nodes[index].restart();
+    alive[index] = true;
+    let expected = volume_names(&nodes[survivors[0]]);
+    let caught_up = wait_until(Duration::from_secs(60), || {
+        volume_names(&nodes[index]) == expected
+    });
+    assert!(
+        caught_up,
+        "restarted {leader} did not catch up\n{}",
+        nodes[index].log_tail()
+    );
+    wait_settled(&nodes[index], 5, 5);
+
+    // Stop every node, start them all again: the state is intact.
+    let before: Vec<BTreeSet<String>> = nodes.iter().map(volume_names).collect();
+    for node in nodes.iter_mut() {
+        node.stop();
+    }
+    for node in nodes.iter_mut() {
+        node.restart();
+    }
+    let after_status = wait_settled(&nodes[0], 5, 5);
+    assert_eq!(after_status["cluster_id"], cluster_id.as_str());
+    for (node, names) in nodes.iter().zip(&before) {
+        assert_eq!(&volume_names(node), names, "{}", node.log_tail());
+    }
+    let vm1 = nodes[3].cli_json(&["volume", "show", "vm1"]);
+    assert_eq!(vm1["state"], "ready", "{vm1:#}");
+}
+
+#[test]
+fn joins_need_the_right_token() {
+    let first = TestNode::start_with(spec("first", None));
+    let token = join_token(&first);
+
+    // A malformed token is refused before anything is sent.
+    let dir = TempDir::new("bad-join");
+    let mut c = cmd(
+        trireme_bin(),
+        &[
+            "node",
+            "run",
+            "--name",
+            "second",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--nbd-listen",
+            "127.0.0.1:0",
+            "--join",
+            &first.api_address(),
+            "--token",
+            "nonsense",
+        ],
+    );
+    c.arg("--data-dir").arg(dir.path());
+    let out = run_fail(&mut c);
+    assert!(
+        out.stderr.contains("join token is malformed"),
+        "{}",
+        out.stderr
+    );
+
+    // A token of the right shape with the wrong secret.
+    let cluster_id = token.split('-').nth(1).unwrap();
+    let forged = format!("TRM1-{cluster_id}-{}", "ab".repeat(32));
+    let mut c = cmd(
+        trireme_bin(),
+        &[
+            "node",
+            "run",
+            "--name",
+            "second",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--nbd-listen",
+            "127.0.0.1:0",
+            "--join",
+            &first.api_address(),
+            "--token",
+            &forged,
+        ],
+    );
+    c.arg("--data-dir").arg(dir.path());
+    let out = run_fail(&mut c);
+    assert!(out.stderr.contains("wrong join token"), "{}", out.stderr);
+
+    // A name already taken.
+    let dir2 = TempDir::new("dup-join");
+    let mut c = cmd(
+        trireme_bin(),
+        &[
+            "node",
+            "run",
+            "--name",
+            "first",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--nbd-listen",
+            "127.0.0.1:0",
+            "--join",
+            &first.api_address(),
+            "--token",
+            &token,
+        ],
+    );
+    c.arg("--data-dir").arg(dir2.path());
+    let out = run_fail(&mut c);
+    assert!(out.stderr.contains("already a member"), "{}", out.stderr);
+
+    // A join request replayed byte for byte is refused.
+    let request = signed_join_request(&token, "replayed");
+    let (status, body) = http_at(
+        &first.api_address(),
+        "POST",
+        "/internal/v1/join",
+        &[],
+        request.as_bytes(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = http_at(
+        &first.api_address(),
+        "POST",
+        "/internal/v1/join",
+        &[],
+        request.as_bytes(),
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("already used"), "{body}");
+
+    // Node-to-node endpoints refuse unsigned and forged requests.
+    let (status, body) = http_at(
+        &first.api_address(),
+        "POST",
+        "/internal/v1/write",
+        &[],
+        b"{}",
+    );
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = http_at(
+        &first.api_address(),
+        "POST",
+        "/internal/v1/heartbeat",
+        &[
+            ("x-trireme-node", "2"),
+            ("x-trireme-time", &now_ms().to_string()),
+            ("x-trireme-mac", &"00".repeat(32)),
+        ],
+        br#"{"node":2}"#,
+    );
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("not a member"), "{body}");
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// A join request signed as `trireme node run --join` signs it.
+fn signed_join_request(token: &str, name: &str) -> String {
+    use trireme_node::cluster::auth;
+    use trireme_node::cluster::internal::JoinRequest;
+    let token = auth::JoinToken::parse(token).unwrap();
+    let mut request = JoinRequest {
+        cluster_id: token.cluster_id.clone(),
+        node: trireme_control::NodeRegistration {
+            name: trireme_types::NodeName::new(name).unwrap(),
+            api_address: "127.0.0.1:9".into(),
+            nbd_address: None,
+            labels: Default::default(),
+        },
+        nonce: auth::random_hex(16),
+        time_ms: now_ms(),
+        mac: String::new(),
+    };
+    request.mac = auth::join_mac(&token.secret, &request.canonical());
+    serde_json::to_string(&request).unwrap()
+}
+
+#[test]
+fn remote_clients_need_the_admin_token() {
+    let node = TestNode::start_with(NodeSpec {
+        name: Some("locked".into()),
+        args: vec!["--trust-loopback=false".into()],
+        ..NodeSpec::default()
+    });
+    let out = run_fail(&mut node.cli_cmd(&["volume", "list"]));
+    assert!(out.stderr.contains("needs a token"), "{}", out.stderr);
+    let wrong = run_fail(&mut {
+        let mut c = node.cli_cmd(&["volume", "list"]);
+        c.args(["--token", "trmadm-0000"]);
+        c
+    });
+    assert!(wrong.stderr.contains("token is wrong"), "{}", wrong.stderr);
+    let token = std::fs::read_to_string(node.data_dir().join("admin.token")).unwrap();
+    let mut c = node.cli_cmd(&["volume", "list"]);
+    c.args(["--token", token.trim()]);
+    let listed: Value = serde_json::from_str(&run(&mut c)).unwrap();
+    assert!(listed.is_array());
+    // Health stays open, for load balancers and probes.
+    let (status, _) = http_at(&node.api_address(), "GET", "/api/v1/health", &[], b"");
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn removing_a_node_moves_its_vote_and_guards_last_replicas() {
+    let mut nodes = vec![TestNode::start_with(spec("r1", None))];
+    for name in ["r2", "r3", "r4"] {
+        let node = joiner(&nodes[0], name);
+        nodes.push(node);
+    }
+    // Four nodes: three voters and one learner.
+    let settled = wait_settled(&nodes[0], 3, 4);
+    assert_eq!(
+        settled["learners"].as_array().unwrap().len(),
+        1,
+        "{settled:#}"
+    );
+
+    // Placement refusals say what is missing.
+    let refused = run_fail(&mut nodes[0].cli_cmd(&[
+        "volume",
+        "create",
+        "big",
+        "--size",
+        "16M",
+        "--replicas",
+        "5",
+    ]));
+    assert!(
+        refused.stderr.contains("needs 5") && refused.stderr.contains("found 4"),
+        "{}",
+        refused.stderr
+    );
+    let unknown = run_fail(&mut nodes[0].cli_cmd(&[
+        "volume", "create", "x", "--size", "16M", "--nodes", "r1,nope",
+    ]));
+    assert!(unknown.stderr.contains("nope"), "{}", unknown.stderr);
+
+    // A volume whose only replica is on r2: r2 cannot be removed.
+    let only = nodes[0].cli_json(&[
+        "volume", "create", "only-r2", "--size", "16M", "--nodes", "r2",
+    ]);
+    assert_eq!(only["replicas"][0]["node"], "r2", "{only:#}");
+    let guarded = run_fail(&mut nodes[0].cli_cmd(&["node", "remove", "r2"]));
+    assert!(
+        guarded.stderr.contains("last up-to-date replica") && guarded.stderr.contains("only-r2"),
+        "{}",
+        guarded.stderr
+    );
+    nodes[0].cli(&["volume", "delete", "only-r2"]);
+
+    // Now it can go; its vote moves to the learner.
+    let voters_before: BTreeSet<String> = status(&nodes[0])["voters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    let removed = voters_before
+        .iter()
+        .find(|name| *name != "r1")
+        .unwrap()
+        .clone();
+    nodes[0].cli(&["node", "remove", &removed]);
+    let index = nodes
+        .iter()
+        .position(|node| node.spec.name.as_deref() == Some(removed.as_str()))
+        .unwrap();
+    nodes[index].stop();
+    let mut last = Value::Null;
+    let moved = wait_until(Duration::from_secs(30), || {
+        last = status(&nodes[0]);
+        let voters: BTreeSet<String> = last["voters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect();
+        let remaining: BTreeSet<String> = ["r1", "r2", "r3", "r4"]
+            .iter()
+            .map(|name| name.to_string())
+            .filter(|name| *name != removed)
+            .collect();
+        voters == remaining && last["nodes"]["total"] == 3
+    });
+    assert!(moved, "the vote of {removed} did not move: {last:#}");
+    assert_eq!(last["learners"].as_array().unwrap().len(), 0, "{last:#}");
+}

@@ -1,0 +1,214 @@
+//! A minority cut off by the network cannot change the cluster state; the
+//! majority can; after healing, every node agrees.
+//!
+//! Three nodes run in network namespaces this test creates, joined by veth
+//! pairs to a bridge in the test's namespace. Cutting a node is taking its
+//! veth down. Needs root and iproute2 (present in CI).
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+/// The namespaces, links and bridge of one test run, removed on drop.
+struct Network {
+    tag: String,
+    subnet: u8,
+    nodes: usize,
+}
+
+fn ip(args: &[&str]) {
+    let mut c = Command::new("ip");
+    c.args(args);
+    run(&mut c);
+}
+
+impl Network {
+    fn create(nodes: usize) -> Network {
+        // Short names: interface names are limited to 15 bytes.
+        let tag = format!("tr{}", std::process::id() % 100_000);
+        let subnet = 100 + (std::process::id() % 100) as u8;
+        let network = Network { tag, subnet, nodes };
+        let bridge = network.bridge();
+        ip(&["link", "add", &bridge, "type", "bridge"]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("10.77.{subnet}.254/24"),
+            "dev",
+            &bridge,
+        ]);
+        ip(&["link", "set", &bridge, "up"]);
+        for i in 1..=nodes {
+            let namespace = network.namespace(i);
+            let (outside, inside) = (network.outside(i), format!("{}i{i}", network.tag));
+            ip(&["netns", "add", &namespace]);
+            ip(&[
+                "link", "add", &outside, "type", "veth", "peer", "name", &inside,
+            ]);
+            ip(&["link", "set", &inside, "netns", &namespace]);
+            ip(&["link", "set", &outside, "master", &bridge, "up"]);
+            ip(&[
+                "-n",
+                &namespace,
+                "addr",
+                "add",
+                &format!("{}/24", network.address(i)),
+                "dev",
+                &inside,
+            ]);
+            ip(&["-n", &namespace, "link", "set", &inside, "up"]);
+            ip(&["-n", &namespace, "link", "set", "lo", "up"]);
+        }
+        network
+    }
+
+    fn bridge(&self) -> String {
+        format!("{}br", self.tag)
+    }
+    fn namespace(&self, i: usize) -> String {
+        format!("{}ns{i}", self.tag)
+    }
+    fn outside(&self, i: usize) -> String {
+        format!("{}o{i}", self.tag)
+    }
+    fn address(&self, i: usize) -> String {
+        format!("10.77.{}.{i}", self.subnet)
+    }
+
+    fn cut(&self, i: usize) {
+        ip(&["link", "set", &self.outside(i), "down"]);
+    }
+    fn heal(&self, i: usize) {
+        ip(&["link", "set", &self.outside(i), "up"]);
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        for i in 1..=self.nodes {
+            let _ = Command::new("ip")
+                .args(["link", "del", &self.outside(i)])
+                .status();
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.namespace(i)])
+                .status();
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge()])
+            .status();
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc_geteuid() == 0 }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+fn names(node: &TestNode) -> BTreeSet<String> {
+    node.cli_json(&["volume", "list"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|volume| volume["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn a_cut_off_minority_cannot_change_state() {
+    if !is_root() {
+        skip("network namespaces need root");
+        return;
+    }
+    if let Some(reason) = missing_tools(&["ip"]) {
+        skip(&reason);
+        return;
+    }
+    let network = Network::create(3);
+    let spec = |i: usize, join: Option<(String, String)>| NodeSpec {
+        name: Some(format!("n{i}")),
+        join,
+        ip: Some(network.address(i)),
+        netns: Some(network.namespace(i)),
+        args: Vec::new(),
+    };
+    let mut nodes = vec![TestNode::start_with(spec(1, None))];
+    let token = join_token(&nodes[0]);
+    for i in 2..=3 {
+        nodes.push(TestNode::start_with(spec(
+            i,
+            Some((nodes[0].api_address(), token.clone())),
+        )));
+    }
+    let mut last = Value::Null;
+    let settled = wait_until(Duration::from_secs(60), || {
+        last = nodes[2].cli_json(&["status"]);
+        last["voters"].as_array().map(Vec::len) == Some(3) && last["nodes"]["online"] == 3
+    });
+    assert!(settled, "three voters never settled: {last:#}");
+    nodes[0].cli_json(&["volume", "create", "before", "--size", "16M"]);
+
+    // Cut n1 off: whatever it was, it is a minority of one.
+    network.cut(1);
+    let refused =
+        run_fail(&mut nodes[0].cli_cmd(&["volume", "create", "minority", "--size", "16M"]));
+    assert!(
+        refused.stderr.contains("no leader"),
+        "the minority's write must fail for want of a leader: {}",
+        refused.stderr
+    );
+    // The majority elects a leader (if n1 led) and goes on.
+    let written = wait_until(Duration::from_secs(60), || {
+        exec(
+            &mut nodes[1].cli_cmd(&["volume", "create", "majority", "--size", "16M"]),
+            CLI_TIMEOUT,
+        )
+        .success()
+            || names(&nodes[1]).contains("majority")
+    });
+    assert!(
+        written,
+        "the majority could not write\n{}",
+        nodes[1].log_tail()
+    );
+    let majority_status = nodes[2].cli_json(&["status"]);
+    assert_ne!(majority_status["leader"], "n1", "{majority_status:#}");
+
+    // Heal: n1 learns what the majority did, and never what it was asked alone.
+    network.heal(1);
+    let expected: BTreeSet<String> = ["before", "majority"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let agreed = wait_until(Duration::from_secs(60), || {
+        nodes.iter().all(|node| names(node) == expected)
+    });
+    assert!(
+        agreed,
+        "nodes disagree after healing: {:?}\n--- n1 log ---\n{}",
+        nodes.iter().map(names).collect::<Vec<_>>(),
+        nodes[0].log_tail()
+    );
+    let leaders: BTreeSet<String> = nodes
+        .iter()
+        .map(|node| {
+            node.cli_json(&["status"])["leader"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        leaders.len(),
+        1,
+        "nodes name different leaders: {leaders:?}"
+    );
+}
