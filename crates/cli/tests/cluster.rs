@@ -449,3 +449,140 @@ fn removing_a_node_moves_its_vote_and_guards_last_replicas() {
     assert!(moved, "the vote of {removed} did not move: {last:#}");
     assert_eq!(last["learners"].as_array().unwrap().len(), 0, "{last:#}");
 }
+
+#[test]
+fn volumes_keep_serving_without_a_leader() {
+    if let Some(reason) = missing_tools(&["qemu-io"]) {
+        skip(&reason);
+        return;
+    }
+    let first = TestNode::start_with(spec("s1", None));
+    let mut others = vec![joiner(&first, "s2"), joiner(&first, "s3")];
+    wait_settled(&first, 3, 3);
+    first.cli_json(&[
+        "volume", "create", "local", "--size", "16M", "--nodes", "s1",
+    ]);
+    let uri = first.uri("local");
+    let out = exec(&mut qemu_io(&uri, &["write -P 0x5a 0 1M"]), CLI_TIMEOUT);
+    assert!(qemu_io_ok(&out), "{}", out.describe("qemu-io write"));
+
+    // Two of three voters gone: no leader, no control-plane writes...
+    for node in others.iter_mut() {
+        node.kill9();
+    }
+    let refused = run_fail(&mut first.cli_cmd(&["volume", "create", "nope", "--size", "16M"]));
+    assert!(refused.stderr.contains("no leader"), "{}", refused.stderr);
+    // ...but the volume this node serves goes on being read and written.
+    let out = exec(
+        &mut qemu_io(
+            &uri,
+            &[
+                "read -P 0x5a 0 1M",
+                "write -P 0x6b 1M 1M",
+                "read -P 0x6b 1M 1M",
+            ],
+        ),
+        CLI_TIMEOUT,
+    );
+    assert!(
+        qemu_io_ok(&out),
+        "{}",
+        out.describe("qemu-io without a leader")
+    );
+    // Reads of the state are answered from the local copy.
+    let local = first.cli_json(&["volume", "show", "local"]);
+    assert_eq!(local["name"], "local");
+    let screen = status(&first);
+    assert!(screen["leader"].is_null(), "{screen:#}");
+    assert!(
+        screen["warnings"].to_string().contains("no leader"),
+        "{screen:#}"
+    );
+}
+
+#[test]
+fn an_offline_node_is_evicted_only_when_switched_on() {
+    let first = TestNode::start_with(spec("e1", None));
+    let mut others = vec![
+        joiner(&first, "e2"),
+        joiner(&first, "e3"),
+        joiner(&first, "e4"),
+    ];
+    wait_settled(&first, 3, 4);
+    let volume = first.cli_json(&[
+        "volume", "create", "pair", "--size", "16M", "--nodes", "e1,e4",
+    ]);
+    assert_eq!(
+        volume["replicas"].as_array().unwrap().len(),
+        3,
+        "two replicas and a tiebreaker: {volume:#}"
+    );
+
+    // e4 goes away: offline, and with eviction off it stays that way.
+    others[2].kill9();
+    let offline = wait_until(Duration::from_secs(30), || {
+        first
+            .cli_json(&["node", "list"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|node| node["name"] == "e4" && node["state"] == "offline")
+    });
+    assert!(offline, "e4 never went offline");
+    std::thread::sleep(Duration::from_secs(3));
+    let holders = |volume: &Value| -> BTreeSet<String> {
+        volume["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|replica| replica["kind"] == "diskful")
+            .map(|replica| replica["node"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let unchanged = first.cli_json(&["volume", "show", "pair"]);
+    assert_eq!(
+        holders(&unchanged),
+        BTreeSet::from(["e1".to_string(), "e4".to_string()])
+    );
+
+    // Switched on with the shortest delay: e4 is evicted and its replica
+    // goes to a node without one, and is made there.
+    first.cli(&[
+        "cluster",
+        "settings",
+        "--eviction",
+        "on",
+        "--eviction-delay",
+        "10s",
+    ]);
+    let mut last = Value::Null;
+    let moved = wait_until(Duration::from_secs(60), || {
+        last = first.cli_json(&["volume", "show", "pair"]);
+        let now = holders(&last);
+        now.len() == 2 && now.contains("e1") && !now.contains("e4") && last["state"] == "ready"
+    });
+    assert!(
+        moved,
+        "the replica on e4 was not re-placed: {last:#}\n{}",
+        first.log_tail()
+    );
+    let e4 = first.cli_json(&["node", "list"]);
+    assert!(
+        e4.as_array()
+            .unwrap()
+            .iter()
+            .any(|node| node["name"] == "e4" && node["state"] == "evicted"),
+        "{e4:#}"
+    );
+    // Back online, e4 is online again (and holds nothing of `pair`).
+    others[2].restart();
+    let back = wait_until(Duration::from_secs(30), || {
+        first
+            .cli_json(&["node", "list"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|node| node["name"] == "e4" && node["state"] == "online")
+    });
+    assert!(back, "e4 did not come back online");
+}

@@ -30,6 +30,8 @@ use peer::PeerClient;
 
 /// How long a write waits for a leader (elections take a few seconds).
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
+/// A leader whose last majority acknowledgement is older than this is cut off.
+pub const QUORUM_ACK_FRESH: Duration = Duration::from_secs(3);
 /// How long a write waits for this node to apply it after it committed.
 pub const APPLY_WAIT: Duration = Duration::from_secs(5);
 /// How often every node tells the leader it is alive.
@@ -80,8 +82,21 @@ impl Cluster {
         self.identity.node_id
     }
 
+    /// The leader, as far as this node knows. A leader that has not heard
+    /// from a majority within [`QUORUM_ACK_FRESH`] is not counted: cut off,
+    /// it cannot commit anything, though openraft still calls it leader.
     pub fn leader(&self) -> Option<NodeId> {
-        self.raft.metrics().borrow().current_leader.map(NodeId)
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let leader = metrics.current_leader?;
+        if leader != self.node_id().0 {
+            return Some(NodeId(leader));
+        }
+        let alone = metrics.membership_config.membership().voter_ids().count() <= 1;
+        let fresh = metrics
+            .millis_since_quorum_ack
+            .is_some_and(|millis| millis <= QUORUM_ACK_FRESH.as_millis() as u64);
+        (alone || fresh).then_some(NodeId(leader))
     }
 
     pub fn is_leader(&self) -> bool {
