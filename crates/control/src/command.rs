@@ -287,10 +287,11 @@ impl ClusterState {
         nonce: String,
         now_ms: u64,
     ) -> Result<Reply, CommandError> {
-        // Forget nonces whose joins are too old to be accepted anyway.
-        self.join_nonces
-            .retain(|_, seen_ms| seen_ms.saturating_add(JOIN_WINDOW_MS) >= now_ms);
-        if self.join_nonces.contains_key(&nonce) {
+        let seen_recently = self
+            .join_nonces
+            .get(&nonce)
+            .is_some_and(|seen_ms| seen_ms.saturating_add(JOIN_WINDOW_MS) >= now_ms);
+        if seen_recently {
             return Err(CommandError::JoinReplayed);
         }
         if self.node_by_name(&node.name).is_some() {
@@ -298,6 +299,10 @@ impl ClusterState {
                 name: node.name.to_string(),
             });
         }
+        // Forget nonces whose joins are too old to be accepted anyway; only
+        // now, as a refused command changes nothing.
+        self.join_nonces
+            .retain(|_, seen_ms| seen_ms.saturating_add(JOIN_WINDOW_MS) >= now_ms);
         self.join_nonces.insert(nonce, now_ms);
         let id = self.insert_node(node, now_ms);
         Ok(Reply::NodeAdded { node: id })
@@ -311,14 +316,12 @@ impl ClusterState {
         let last: Vec<String> = self
             .volumes_on(node)
             .filter(|volume| {
-                let holds_ready = volume.replica(node).is_some_and(|replica| {
-                    replica.kind == ReplicaKind::Diskful
-                        && replica.observed == ReplicaObserved::Ready
-                });
-                let others_ready = volume.diskful().any(|replica| {
-                    replica.node != node && replica.observed == ReplicaObserved::Ready
-                });
-                holds_ready && !others_ready && !volume.deleting
+                // Pending (e.g. being grown) or failed, its data may still be
+                // the only copy: only another ready replica makes it spare.
+                let holds_data = volume
+                    .replica(node)
+                    .is_some_and(|replica| replica.kind == ReplicaKind::Diskful);
+                holds_data && !has_other_ready(volume, node) && !volume.deleting
             })
             .map(|volume| volume.name.to_string())
             .collect();
@@ -612,7 +615,8 @@ impl ClusterState {
         let Some(volume) = self.volumes.get_mut(&name) else {
             return Ok(Reply::Done);
         };
-        if volume.id == volume_id {
+        // Only a deleted volume's replicas go away on their node's word.
+        if volume.id == volume_id && volume.deleting {
             volume.replicas.retain(|replica| replica.node != node);
             self.forget_deleted_volumes();
         }
@@ -639,6 +643,13 @@ impl ClusterState {
         for name in names {
             let volume = self.volumes.get(&name).expect("listed above");
             if volume.deleting {
+                continue;
+            }
+            if !has_other_ready(volume, node) {
+                // The evicted node holds the only copy: a new, empty replica
+                // elsewhere would be a replica in name only. Keep the record
+                // (the data may come back with the node).
+                degraded.push(name);
                 continue;
             }
             let group = self
@@ -733,6 +744,13 @@ impl ClusterState {
         }
         Ok(())
     }
+}
+
+/// Whether a diskful replica of `volume` on a node other than `node` is ready.
+fn has_other_ready(volume: &VolumeRecord, node: NodeId) -> bool {
+    volume
+        .diskful()
+        .any(|replica| replica.node != node && replica.observed == ReplicaObserved::Ready)
 }
 
 /// The most diskful replicas a volume may have.
