@@ -457,7 +457,7 @@ fn volumes_keep_serving_without_a_leader() {
         return;
     }
     let first = TestNode::start_with(spec("s1", None));
-    let mut others = vec![joiner(&first, "s2"), joiner(&first, "s3")];
+    let mut others = [joiner(&first, "s2"), joiner(&first, "s3")];
     wait_settled(&first, 3, 3);
     first.cli_json(&[
         "volume", "create", "local", "--size", "16M", "--nodes", "s1",
@@ -503,7 +503,7 @@ fn volumes_keep_serving_without_a_leader() {
 #[test]
 fn an_offline_node_is_evicted_only_when_switched_on() {
     let first = TestNode::start_with(spec("e1", None));
-    let mut others = vec![
+    let mut others = [
         joiner(&first, "e2"),
         joiner(&first, "e3"),
         joiner(&first, "e4"),
