@@ -117,37 +117,50 @@ pub async fn leader_loop(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>)
     }
 }
 
+/// What the leader does about liveness, decided from the state, who was
+/// heard from recently (`alive`) and the time: state changes to record and
+/// nodes to evict. Pure, so flapping can be tested without a cluster.
+pub fn liveness_decisions(
+    state: &trireme_control::ClusterState,
+    alive: impl Fn(NodeId) -> bool,
+    now_ms: u64,
+) -> (Vec<(NodeId, NodeState)>, Vec<NodeId>) {
+    let mut changes = Vec::new();
+    let mut evictions = Vec::new();
+    for node in state.nodes.values() {
+        match (node.state, alive(node.id)) {
+            (NodeState::Online, false) => changes.push((node.id, NodeState::Offline)),
+            (NodeState::Offline | NodeState::Evicted, true) => {
+                changes.push((node.id, NodeState::Online))
+            }
+            (NodeState::Offline, false)
+                if state.settings.eviction_enabled
+                    && now_ms.saturating_sub(node.state_since_ms)
+                        >= state.settings.eviction_delay_secs * 1000 =>
+            {
+                // `state_since_ms` restarts at every return online, so a
+                // flapping node never stays offline long enough.
+                evictions.push(node.id)
+            }
+            _ => {}
+        }
+    }
+    (changes, evictions)
+}
+
 async fn update_liveness(cluster: &Cluster) {
     let now = Instant::now();
     let now_ms = auth::now_ms();
     let (changes, evictions) = {
         let state = cluster.state.read();
-        let mut changes = Vec::new();
-        let mut evictions = Vec::new();
-        for node in state.nodes.values() {
-            let alive = node.id == cluster.node_id()
+        let alive = |node: NodeId| {
+            node == cluster.node_id()
                 || cluster
                     .liveness
-                    .last_seen(node.id)
-                    .is_some_and(|seen| now.duration_since(seen) < OFFLINE_AFTER);
-            match (node.state, alive) {
-                (NodeState::Online, false) => changes.push((node.id, NodeState::Offline)),
-                (NodeState::Offline | NodeState::Evicted, true) => {
-                    changes.push((node.id, NodeState::Online))
-                }
-                (NodeState::Offline, false)
-                    if state.settings.eviction_enabled
-                        && now_ms.saturating_sub(node.state_since_ms)
-                            >= state.settings.eviction_delay_secs * 1000 =>
-                {
-                    // `state_since_ms` restarts at every return online, so
-                    // a flapping node never stays offline long enough.
-                    evictions.push(node.id)
-                }
-                _ => {}
-            }
-        }
-        (changes, evictions)
+                    .last_seen(node)
+                    .is_some_and(|seen| now.duration_since(seen) < OFFLINE_AFTER)
+        };
+        liveness_decisions(&state, alive, now_ms)
     };
     for (node, state) in changes {
         tracing::info!(node = %node, state = state.as_str(), "node state changes");
@@ -250,4 +263,111 @@ fn caught_up_learners(cluster: &Cluster) -> BTreeSet<u64> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trireme_control::{Command, NodeRegistration};
+    use trireme_types::NodeName;
+
+    const HOUR_MS: u64 = 3_600_000;
+
+    fn two_nodes() -> trireme_control::ClusterState {
+        let mut state = trireme_control::ClusterState::default();
+        let registration = |name: &str| NodeRegistration {
+            name: NodeName::new(name).unwrap(),
+            api_address: "127.0.0.1:9".into(),
+            nbd_address: None,
+            labels: Default::default(),
+        };
+        state
+            .apply(Command::Bootstrap {
+                cluster_id: "c".into(),
+                join_secret: "s".into(),
+                node: registration("a"),
+                now_ms: 0,
+            })
+            .unwrap();
+        state
+            .apply(Command::AddNode {
+                node: registration("b"),
+                nonce: "n".into(),
+                now_ms: 0,
+            })
+            .unwrap();
+        state.settings.eviction_enabled = true;
+        state.settings.eviction_delay_secs = 3600;
+        state
+    }
+
+    fn apply(
+        state: &mut trireme_control::ClusterState,
+        changes: &[(NodeId, NodeState)],
+        now_ms: u64,
+    ) {
+        for (node, new_state) in changes {
+            state
+                .apply(Command::SetNodeState {
+                    node: *node,
+                    state: *new_state,
+                    now_ms,
+                })
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_node_offline_for_the_whole_delay_is_evicted() {
+        let mut state = two_nodes();
+        let b = NodeId(2);
+        let (changes, evictions) = liveness_decisions(&state, |node| node != b, 1000);
+        assert_eq!(changes, vec![(b, NodeState::Offline)]);
+        assert!(evictions.is_empty());
+        apply(&mut state, &changes, 1000);
+        let (_, evictions) = liveness_decisions(&state, |node| node != b, 1000 + HOUR_MS - 1);
+        assert!(evictions.is_empty(), "evicted before the delay");
+        let (_, evictions) = liveness_decisions(&state, |node| node != b, 1000 + HOUR_MS);
+        assert_eq!(evictions, vec![b]);
+    }
+
+    #[test]
+    fn a_flapping_node_is_never_evicted() {
+        let mut state = two_nodes();
+        let b = NodeId(2);
+        // Offline for 50 minutes, back for a moment, offline again: the
+        // clock restarts at each return, for days.
+        let mut now = 0;
+        for _ in 0..100 {
+            now += 1000;
+            let (changes, evictions) = liveness_decisions(&state, |node| node != b, now);
+            assert!(evictions.is_empty());
+            apply(&mut state, &changes, now);
+            now += 50 * 60 * 1000;
+            let (changes, evictions) = liveness_decisions(&state, |node| node != b, now);
+            assert!(evictions.is_empty(), "a flapping node was evicted");
+            apply(&mut state, &changes, now);
+            let (changes, evictions) = liveness_decisions(&state, |_| true, now + 1);
+            assert_eq!(changes, vec![(b, NodeState::Online)]);
+            assert!(evictions.is_empty());
+            apply(&mut state, &changes, now + 1);
+        }
+    }
+
+    #[test]
+    fn eviction_off_never_evicts() {
+        let mut state = two_nodes();
+        state.settings.eviction_enabled = false;
+        let b = NodeId(2);
+        let (changes, _) = liveness_decisions(&state, |node| node != b, 1);
+        apply(&mut state, &changes, 1);
+        let (_, evictions) = liveness_decisions(&state, |node| node != b, 100 * HOUR_MS);
+        assert!(evictions.is_empty());
+    }
+
+    #[test]
+    fn voters_are_odd_and_at_most_five() {
+        let targets: Vec<usize> = (0..9).map(voter_target).collect();
+        assert_eq!(targets, vec![1, 1, 1, 3, 3, 5, 5, 5, 5]);
+    }
 }
