@@ -444,7 +444,13 @@ impl TestNode {
         // so no other test can take a port between choosing and binding it.
         let data = self.data_dir();
         std::fs::create_dir_all(&data).unwrap();
-        let log = std::fs::File::create(self.log_path()).unwrap();
+        // Append mode for both writers (the node's stderr, and the thread
+        // copying its stdout below), so neither overwrites the other's lines.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap();
         // A restarted node keeps its ports: the cluster knows it by its
         // API address.
         let ip = self.ip();
