@@ -35,12 +35,16 @@ impl Liveness {
             .insert(node, Instant::now());
     }
 
-    fn last_seen(&self, node: NodeId) -> Option<Instant> {
-        self.seen
+    /// When `node` was last heard from. A node never heard from (it just
+    /// joined) counts as heard from now, so it gets the same grace period
+    /// as everyone after an election instead of being marked offline at once.
+    fn last_seen(&self, node: NodeId) -> Instant {
+        *self
+            .seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&node)
-            .copied()
+            .entry(node)
+            .or_insert_with(Instant::now)
     }
 
     /// A new leader gives every node a fresh grace period.
@@ -155,10 +159,7 @@ async fn update_liveness(cluster: &Cluster) {
         let state = cluster.state.read();
         let alive = |node: NodeId| {
             node == cluster.node_id()
-                || cluster
-                    .liveness
-                    .last_seen(node)
-                    .is_some_and(|seen| now.duration_since(seen) < OFFLINE_AFTER)
+                || now.saturating_duration_since(cluster.liveness.last_seen(node)) < OFFLINE_AFTER
         };
         liveness_decisions(&state, alive, now_ms)
     };
