@@ -195,25 +195,7 @@ fn joins_need_the_right_token() {
 
     // A malformed token is refused before anything is sent.
     let dir = TempDir::new("bad-join");
-    let mut c = cmd(
-        trireme_bin(),
-        &[
-            "node",
-            "run",
-            "--name",
-            "second",
-            "--api-listen",
-            "127.0.0.1:0",
-            "--nbd-listen",
-            "127.0.0.1:0",
-            "--join",
-            &first.api_address(),
-            "--token",
-            "nonsense",
-        ],
-    );
-    c.arg("--data-dir").arg(dir.path());
-    let out = run_fail(&mut c);
+    let out = failed_join(&first, "second", "nonsense", &dir);
     assert!(
         out.stderr.contains("join token is malformed"),
         "{}",
@@ -223,48 +205,12 @@ fn joins_need_the_right_token() {
     // A token of the right shape with the wrong secret.
     let cluster_id = token.split('-').nth(1).unwrap();
     let forged = format!("TRM1-{cluster_id}-{}", "ab".repeat(32));
-    let mut c = cmd(
-        trireme_bin(),
-        &[
-            "node",
-            "run",
-            "--name",
-            "second",
-            "--api-listen",
-            "127.0.0.1:0",
-            "--nbd-listen",
-            "127.0.0.1:0",
-            "--join",
-            &first.api_address(),
-            "--token",
-            &forged,
-        ],
-    );
-    c.arg("--data-dir").arg(dir.path());
-    let out = run_fail(&mut c);
+    let out = failed_join(&first, "second", &forged, &dir);
     assert!(out.stderr.contains("wrong join token"), "{}", out.stderr);
 
     // A name already taken.
     let dir2 = TempDir::new("dup-join");
-    let mut c = cmd(
-        trireme_bin(),
-        &[
-            "node",
-            "run",
-            "--name",
-            "first",
-            "--api-listen",
-            "127.0.0.1:0",
-            "--nbd-listen",
-            "127.0.0.1:0",
-            "--join",
-            &first.api_address(),
-            "--token",
-            &token,
-        ],
-    );
-    c.arg("--data-dir").arg(dir2.path());
-    let out = run_fail(&mut c);
+    let out = failed_join(&first, "first", &token, &dir2);
     assert!(out.stderr.contains("already a member"), "{}", out.stderr);
 
     // A join request replayed byte for byte is refused.
@@ -309,6 +255,29 @@ fn joins_need_the_right_token() {
     );
     assert_eq!(status, 401, "{body}");
     assert!(body.contains("not a member"), "{body}");
+}
+
+/// `trireme node run --join` on `first` that must fail; its output.
+fn failed_join(first: &TestNode, name: &str, token: &str, dir: &TempDir) -> CmdOut {
+    let mut c = cmd(
+        trireme_bin(),
+        &[
+            "node",
+            "run",
+            "--name",
+            name,
+            "--api-listen",
+            "127.0.0.1:0",
+            "--nbd-listen",
+            "127.0.0.1:0",
+            "--join",
+            &first.api_address(),
+            "--token",
+            token,
+        ],
+    );
+    c.arg("--data-dir").arg(dir.path());
+    run_fail(&mut c)
 }
 
 fn now_ms() -> u64 {

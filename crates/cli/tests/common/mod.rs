@@ -330,13 +330,35 @@ pub fn http_raw(
     content_type: &str,
     body: &[u8],
 ) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to API");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    http_request(
+        &format!("127.0.0.1:{port}"),
+        method,
+        path,
+        content_type,
+        &[],
+        body,
+    )
+}
+
+fn http_request(
+    address: &str,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    let mut s = TcpStream::connect(address).expect("connect to API");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     s.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
     s.write_all(head.as_bytes()).unwrap();
     s.write_all(body).unwrap();
     let mut resp = Vec::new();
@@ -758,8 +780,8 @@ pub fn output_ok(o: &Output) -> bool {
     o.status.success()
 }
 
-/// A minimal HTTP/1.1 request to `host:port` with extra headers: returns
-/// (status, body). For endpoints the CLI does not call (node-to-node ones).
+/// A JSON request to `host:port` with extra headers: returns (status,
+/// body). For endpoints the CLI does not call (node-to-node ones).
 pub fn http_at(
     address: &str,
     method: &str,
@@ -767,31 +789,7 @@ pub fn http_at(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (u16, String) {
-    let mut s = TcpStream::connect(address).expect("connect to API");
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
-    let mut resp = Vec::new();
-    let _ = s.read_to_end(&mut resp);
-    let text = String::from_utf8_lossy(&resp).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("bad HTTP response to {method} {path}: {text:?}"));
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|x| x.1.to_string())
-        .unwrap_or_default();
-    (status, body)
+    http_request(address, method, path, "application/json", headers, body)
 }
 
 /// The join token of the cluster `node` belongs to.

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use trireme_control::raft::{ClientWriteError, Raft, RaftError, StateReader};
-use trireme_control::{Command, CommandError, NodeState, Reply};
+use trireme_control::{Command, CommandError, Reply};
 use trireme_types::{NodeId, NodeName};
 
 use identity::Identity;
@@ -236,14 +236,6 @@ impl Cluster {
                 Ok(Err(_)) | Err(_) => return done(&self.state.read()),
             }
         }
-    }
-
-    pub fn node_state(&self, node: NodeId) -> Option<NodeState> {
-        self.state
-            .read()
-            .nodes
-            .get(&node)
-            .map(|record| record.state)
     }
 }
 
