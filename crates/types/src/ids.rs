@@ -36,6 +36,20 @@ id_type!(
     NodeId
 );
 
+id_type!(
+    /// A volume's data-history id. It moves forward at each promotion
+    /// (`volume attach` with no other primary, or a primary's restart);
+    /// replicas refuse writes from an older one, which fences a cut-off
+    /// former primary.
+    Generation
+);
+
+impl Generation {
+    pub fn next(self) -> Generation {
+        Generation(self.0 + 1)
+    }
+}
+
 /// The longest name accepted for a pool or a volume. NBD export names and
 /// file-system paths stay short and printable with this bound.
 pub const NAME_MAX_BYTES: usize = 63;
