@@ -1,0 +1,27 @@
+//! trireme's replication protocol, as sans-IO state machines.
+//!
+//! - [`primary::Primary`]: the engine of an attached volume on its primary:
+//!   writes to every replica, quorum, outdating through the control plane,
+//!   dirty maps, resync, read failover and repair.
+//! - [`replica::ReplicaSide`]: a replica's part: it fences primaries of
+//!   older generations and remembers which writes are not settled.
+//! - [`message`]: what they say over a data link, and its encoding.
+//! - [`regions`]: the dirty map's regions.
+//!
+//! Nothing here does I/O or reads a clock. The node runs these machines
+//! under tokio; `trireme-sim` runs them under a seeded simulator that
+//! injects crashes, partitions and disk faults. docs/replication.md gives
+//! the rules and why they hold.
+
+pub mod message;
+pub mod primary;
+pub mod regions;
+pub mod replica;
+
+pub use message::{FromReplica, Payload, ReadData, ReplicaError, ToReplica};
+pub use primary::{
+    Action, ClientError, ClientRequest, Completion, Config, DirtyMap, NoQuorumPolicy, OpId,
+    Primary, Proposal, ProposalResult, SyncProgress, View,
+};
+pub use regions::{RegionSet, REGION_BYTES};
+pub use replica::{HelloOutcome, LinkId, ReplicaSide};

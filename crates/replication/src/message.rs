@@ -1,0 +1,485 @@
+//! What a primary and a replica say to each other over a data link, and
+//! its binary encoding.
+//!
+//! A link is one ordered, reliable byte stream (TCP) per volume and peer;
+//! the protocol relies on that order: a FLUSH covers the writes sent
+//! before it, and a resync write of a region lands after the application
+//! writes sent before it. A link that breaks loses what was in flight and
+//! is never resumed: the next one starts with a new `Hello`.
+
+use crate::regions::RegionSet;
+use std::sync::Arc;
+use trireme_types::{Generation, NodeId};
+
+/// The largest frame a peer accepts: a 32 MiB write plus headers. Larger
+/// requests are split by the export before they get here.
+pub const MAX_FRAME_BYTES: usize = 33 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    Data(Arc<[u8]>),
+    /// Reads as zeros afterwards; `trim` lets the replica free the space.
+    Zeroes {
+        length: u64,
+        trim: bool,
+    },
+}
+
+impl Payload {
+    pub fn length(&self) -> u64 {
+        match self {
+            Payload::Data(data) => data.len() as u64,
+            Payload::Zeroes { length, .. } => *length,
+        }
+    }
+}
+
+/// Primary → replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToReplica {
+    /// The first message of a link: who writes, at which generation.
+    Hello {
+        generation: Generation,
+        primary: NodeId,
+    },
+    /// `settled`: every write with a lower sequence has completed on all
+    /// the replicas that had to hold it, so the replica may forget them.
+    Write {
+        seq: u64,
+        offset: u64,
+        payload: Payload,
+        fua: bool,
+        settled: u64,
+    },
+    /// Makes every write received before it durable.
+    Flush {
+        seq: u64,
+    },
+    Read {
+        id: u64,
+        offset: u64,
+        length: u64,
+    },
+    /// The primary detaches: every write it sent is settled and flushed,
+    /// so the replica's copy is clean and needs no reconciliation later.
+    Goodbye,
+}
+
+/// Why a replica could not do what was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaError {
+    /// Data failed its checksum: this copy is bad, another may be good.
+    Checksum(String),
+    /// The device failed: this replica is out until it is replaced.
+    Io(String),
+    NoSpace(String),
+    /// The replica refused (not found, stale generation, invalid).
+    Refused(String),
+}
+
+impl std::fmt::Display for ReplicaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplicaError::Checksum(message) => write!(f, "checksum mismatch: {message}"),
+            ReplicaError::Io(message) => write!(f, "I/O error: {message}"),
+            ReplicaError::NoSpace(message) => write!(f, "no space: {message}"),
+            ReplicaError::Refused(message) => write!(f, "refused: {message}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadData {
+    Data(Vec<u8>),
+    /// The range reads as zeros (a hole): nothing to copy.
+    Zeroes,
+}
+
+/// Replica → primary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FromReplica {
+    /// The replica accepted the generation.
+    Welcome {
+        /// The generation it had accepted before this hello.
+        previous: Generation,
+        /// It has run without a restart since it accepted `previous`, so
+        /// everything it acknowledged is still there and `unsettled` is
+        /// complete.
+        intact: bool,
+        /// Its node ran a primary at `previous`: it may hold writes no
+        /// one else has.
+        was_primary: bool,
+        /// Regions of writes it received that were not settled.
+        unsettled: RegionSet,
+    },
+    /// The replica has seen a newer generation: this primary is fenced.
+    Refused { newer: Generation },
+    Ack {
+        seq: u64,
+        result: Result<(), ReplicaError>,
+    },
+    ReadReply {
+        id: u64,
+        result: Result<ReadData, ReplicaError>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("frame ends early")]
+    Short,
+    #[error("unknown message tag {0}")]
+    UnknownTag(u8),
+    #[error("bad field: {0}")]
+    Bad(&'static str),
+}
+
+struct Writer<'a>(&'a mut Vec<u8>);
+
+impl Writer<'_> {
+    fn u8(&mut self, value: u8) {
+        self.0.push(value);
+    }
+    fn u64(&mut self, value: u64) {
+        self.0.extend_from_slice(&value.to_le_bytes());
+    }
+    fn bytes(&mut self, value: &[u8]) {
+        self.u64(value.len() as u64);
+        self.0.extend_from_slice(value);
+    }
+    fn regions(&mut self, value: &RegionSet) {
+        self.u64(value.len());
+        for region in value.iter() {
+            self.u64(region);
+        }
+    }
+    fn error(&mut self, error: &ReplicaError) {
+        let (tag, message) = match error {
+            ReplicaError::Checksum(message) => (1, message),
+            ReplicaError::Io(message) => (2, message),
+            ReplicaError::NoSpace(message) => (3, message),
+            ReplicaError::Refused(message) => (4, message),
+        };
+        self.u8(tag);
+        self.bytes(message.as_bytes());
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, count: usize) -> Result<&'a [u8], DecodeError> {
+        if self.0.len() < count {
+            return Err(DecodeError::Short);
+        }
+        let (head, rest) = self.0.split_at(count);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn bool(&mut self) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(DecodeError::Bad("boolean")),
+        }
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let length = self.u64()?;
+        if length > MAX_FRAME_BYTES as u64 {
+            return Err(DecodeError::Bad("length"));
+        }
+        self.take(length as usize)
+    }
+    fn string(&mut self) -> Result<String, DecodeError> {
+        Ok(String::from_utf8_lossy(self.bytes()?).into_owned())
+    }
+    fn regions(&mut self) -> Result<RegionSet, DecodeError> {
+        let count = self.u64()?;
+        if count > (self.0.len() / 8) as u64 {
+            return Err(DecodeError::Short);
+        }
+        (0..count).map(|_| self.u64()).collect()
+    }
+    fn error(&mut self) -> Result<ReplicaError, DecodeError> {
+        let tag = self.u8()?;
+        let message = self.string()?;
+        Ok(match tag {
+            1 => ReplicaError::Checksum(message),
+            2 => ReplicaError::Io(message),
+            3 => ReplicaError::NoSpace(message),
+            4 => ReplicaError::Refused(message),
+            _ => return Err(DecodeError::Bad("error kind")),
+        })
+    }
+    fn finish(&self) -> Result<(), DecodeError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::Bad("trailing bytes"))
+        }
+    }
+}
+
+impl ToReplica {
+    /// Appends the message (without a frame length) to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut w = Writer(out);
+        match self {
+            ToReplica::Hello {
+                generation,
+                primary,
+            } => {
+                w.u8(1);
+                w.u64(generation.0);
+                w.u64(primary.0);
+            }
+            ToReplica::Write {
+                seq,
+                offset,
+                payload,
+                fua,
+                settled,
+            } => {
+                w.u8(2);
+                w.u64(*seq);
+                w.u64(*offset);
+                w.u8(*fua as u8);
+                w.u64(*settled);
+                match payload {
+                    Payload::Data(data) => {
+                        w.u8(0);
+                        w.bytes(data);
+                    }
+                    Payload::Zeroes { length, trim } => {
+                        w.u8(1 + *trim as u8);
+                        w.u64(*length);
+                    }
+                }
+            }
+            ToReplica::Flush { seq } => {
+                w.u8(3);
+                w.u64(*seq);
+            }
+            ToReplica::Read { id, offset, length } => {
+                w.u8(4);
+                w.u64(*id);
+                w.u64(*offset);
+                w.u64(*length);
+            }
+            ToReplica::Goodbye => w.u8(5),
+        }
+    }
+
+    pub fn decode(frame: &[u8]) -> Result<ToReplica, DecodeError> {
+        let mut r = Reader(frame);
+        let message = match r.u8()? {
+            1 => ToReplica::Hello {
+                generation: Generation(r.u64()?),
+                primary: NodeId(r.u64()?),
+            },
+            2 => {
+                let seq = r.u64()?;
+                let offset = r.u64()?;
+                let fua = r.bool()?;
+                let settled = r.u64()?;
+                let payload = match r.u8()? {
+                    0 => Payload::Data(Arc::from(r.bytes()?)),
+                    kind @ (1 | 2) => Payload::Zeroes {
+                        length: r.u64()?,
+                        trim: kind == 2,
+                    },
+                    _ => return Err(DecodeError::Bad("payload kind")),
+                };
+                ToReplica::Write {
+                    seq,
+                    offset,
+                    payload,
+                    fua,
+                    settled,
+                }
+            }
+            3 => ToReplica::Flush { seq: r.u64()? },
+            4 => ToReplica::Read {
+                id: r.u64()?,
+                offset: r.u64()?,
+                length: r.u64()?,
+            },
+            5 => ToReplica::Goodbye,
+            tag => return Err(DecodeError::UnknownTag(tag)),
+        };
+        r.finish()?;
+        Ok(message)
+    }
+}
+
+impl FromReplica {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut w = Writer(out);
+        match self {
+            FromReplica::Welcome {
+                previous,
+                intact,
+                was_primary,
+                unsettled,
+            } => {
+                w.u8(1);
+                w.u64(previous.0);
+                w.u8(*intact as u8);
+                w.u8(*was_primary as u8);
+                w.regions(unsettled);
+            }
+            FromReplica::Refused { newer } => {
+                w.u8(2);
+                w.u64(newer.0);
+            }
+            FromReplica::Ack { seq, result } => {
+                w.u8(3);
+                w.u64(*seq);
+                match result {
+                    Ok(()) => w.u8(0),
+                    Err(error) => {
+                        w.u8(1);
+                        w.error(error);
+                    }
+                }
+            }
+            FromReplica::ReadReply { id, result } => {
+                w.u8(4);
+                w.u64(*id);
+                match result {
+                    Ok(ReadData::Data(data)) => {
+                        w.u8(0);
+                        w.bytes(data);
+                    }
+                    Ok(ReadData::Zeroes) => w.u8(1),
+                    Err(error) => {
+                        w.u8(2);
+                        w.error(error);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn decode(frame: &[u8]) -> Result<FromReplica, DecodeError> {
+        let mut r = Reader(frame);
+        let message = match r.u8()? {
+            1 => FromReplica::Welcome {
+                previous: Generation(r.u64()?),
+                intact: r.bool()?,
+                was_primary: r.bool()?,
+                unsettled: r.regions()?,
+            },
+            2 => FromReplica::Refused {
+                newer: Generation(r.u64()?),
+            },
+            3 => FromReplica::Ack {
+                seq: r.u64()?,
+                result: match r.u8()? {
+                    0 => Ok(()),
+                    1 => Err(r.error()?),
+                    _ => return Err(DecodeError::Bad("result")),
+                },
+            },
+            4 => FromReplica::ReadReply {
+                id: r.u64()?,
+                result: match r.u8()? {
+                    0 => Ok(ReadData::Data(r.bytes()?.to_vec())),
+                    1 => Ok(ReadData::Zeroes),
+                    2 => Err(r.error()?),
+                    _ => return Err(DecodeError::Bad("result")),
+                },
+            },
+            tag => return Err(DecodeError::UnknownTag(tag)),
+        };
+        r.finish()?;
+        Ok(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn round_trip_to(message: ToReplica) {
+        let mut out = Vec::new();
+        message.encode(&mut out);
+        assert_eq!(ToReplica::decode(&out).unwrap(), message);
+    }
+
+    fn round_trip_from(message: FromReplica) {
+        let mut out = Vec::new();
+        message.encode(&mut out);
+        assert_eq!(FromReplica::decode(&out).unwrap(), message);
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        round_trip_to(ToReplica::Hello {
+            generation: Generation(7),
+            primary: NodeId(2),
+        });
+        round_trip_to(ToReplica::Write {
+            seq: 9,
+            offset: 4096,
+            payload: Payload::Data(Arc::from(vec![7u8; 4096])),
+            fua: true,
+            settled: 3,
+        });
+        round_trip_to(ToReplica::Write {
+            seq: 10,
+            offset: 0,
+            payload: Payload::Zeroes {
+                length: 1 << 20,
+                trim: true,
+            },
+            fua: false,
+            settled: 3,
+        });
+        round_trip_to(ToReplica::Flush { seq: 11 });
+        round_trip_to(ToReplica::Goodbye);
+        round_trip_to(ToReplica::Read {
+            id: 1,
+            offset: 8192,
+            length: 4096,
+        });
+        round_trip_from(FromReplica::Welcome {
+            previous: Generation(3),
+            intact: true,
+            was_primary: false,
+            unsettled: [1, 5, 9].into_iter().collect(),
+        });
+        round_trip_from(FromReplica::Refused {
+            newer: Generation(8),
+        });
+        round_trip_from(FromReplica::Ack {
+            seq: 4,
+            result: Err(ReplicaError::NoSpace("pool 'a'".into())),
+        });
+        round_trip_from(FromReplica::ReadReply {
+            id: 4,
+            result: Ok(ReadData::Data(vec![1, 2, 3])),
+        });
+        round_trip_from(FromReplica::ReadReply {
+            id: 5,
+            result: Err(ReplicaError::Checksum("block 3".into())),
+        });
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = ToReplica::decode(&bytes);
+            let _ = FromReplica::decode(&bytes);
+        }
+    }
+}
