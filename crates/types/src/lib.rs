@@ -9,7 +9,9 @@ pub mod ids;
 pub mod size;
 pub mod target;
 
-pub use ids::{Generation, GroupName, NameError, NodeId, NodeName, PoolId, PoolName, VolumeId, VolumeName};
+pub use ids::{
+    Generation, GroupName, NameError, NodeId, NodeName, PoolId, PoolName, VolumeId, VolumeName,
+};
 pub use size::{format_size, parse_size, SizeError};
 pub use target::{Attempt, BlockStatusExtent, BlockTarget, TargetError, ZeroFlags};
 
