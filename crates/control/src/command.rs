@@ -5,8 +5,8 @@
 //! same state, and lets tests drive it without a cluster.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use trireme_types::{GroupName, NodeId, NodeName, PoolName, VolumeName};
+use std::collections::{BTreeMap, BTreeSet};
+use trireme_types::{Generation, GroupName, NodeId, NodeName, PoolName, VolumeName};
 
 use crate::model::*;
 use crate::placer::{self, Candidate, CandidatePool};
@@ -17,6 +17,9 @@ pub struct NodeRegistration {
     pub name: NodeName,
     pub api_address: String,
     pub nbd_address: Option<String>,
+    /// `HOST:PORT` of the node's replication listener.
+    #[serde(default)]
+    pub data_address: Option<String>,
     pub labels: BTreeMap<String, String>,
 }
 
@@ -105,6 +108,73 @@ pub enum Command {
         node: NodeId,
         now_ms: u64,
     },
+    /// A node reports (or changes) the address of its replication listener,
+    /// e.g. after an upgrade or a restart on another port.
+    SetDataAddress {
+        node: NodeId,
+        data_address: Option<String>,
+    },
+    /// Make `node` a primary of the volume. With no other primary the
+    /// generation moves forward (the new primary fences every older one);
+    /// a second primary (`allow_two_primaries`, a live migration) shares
+    /// the current generation. Replies [`Reply::Generation`].
+    AttachVolume {
+        name: VolumeName,
+        node: NodeId,
+        allow_two_primaries: bool,
+        now_ms: u64,
+    },
+    /// A primary restarted its engine: the generation moves forward, so
+    /// writes of its former incarnation are refused. Replies
+    /// [`Reply::Generation`].
+    ReattachVolume {
+        name: VolumeName,
+        node: NodeId,
+        now_ms: u64,
+    },
+    /// Stop being a primary on `node`; `None` when the volume has one
+    /// primary. The generation stays.
+    DetachVolume {
+        name: VolumeName,
+        node: Option<NodeId>,
+    },
+    /// A primary (`by`) tells that the replica on `node` missed writes.
+    /// Refused unless `generation` is the volume's current one: a cut-off
+    /// former primary can never shrink the in-sync set.
+    MarkOutdated {
+        name: VolumeName,
+        generation: Generation,
+        node: NodeId,
+        by: NodeId,
+    },
+    /// A primary (`by`) tells that the replica on `node` has caught up.
+    MarkInSync {
+        name: VolumeName,
+        generation: Generation,
+        node: NodeId,
+        by: NodeId,
+    },
+    /// Progress of the resync of the replica on `node`; `None` when it
+    /// stopped.
+    ReportSync {
+        name: VolumeName,
+        node: NodeId,
+        progress: Option<SyncProgress>,
+    },
+    /// Place one more diskful replica, on `node` or where the placer finds
+    /// room (by the volume's group; `pool` restricts the pools). It is not
+    /// in sync until the data path has copied the data to it.
+    AddReplica {
+        name: VolumeName,
+        node: Option<NodeId>,
+        pool: Option<PoolName>,
+        now_ms: u64,
+    },
+    /// Drop the diskful replica on `node` (a primary keeps a diskless one).
+    RemoveReplica {
+        name: VolumeName,
+        node: NodeId,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,6 +188,8 @@ pub enum Reply {
         replaced: Vec<VolumeName>,
         degraded: Vec<VolumeName>,
     },
+    /// The volume's generation after an attach or a reattach.
+    Generation(Generation),
 }
 
 /// Why a command was refused. The text is shown to people as is.
@@ -157,6 +229,48 @@ pub enum CommandError {
     },
     #[error("cannot place volume '{name}': {reason}")]
     Placement { name: String, reason: String },
+    #[error("node '{node}' is {state}; attach the volume on an online node")]
+    NodeNotOnline { node: String, state: String },
+    #[error("volume '{name}' is attached on node '{primary}'; detach it there first (`trireme volume detach {name}`), or pass --allow-two-primaries to attach it on a second node while a VM migrates")]
+    AlreadyAttached { name: String, primary: String },
+    #[error("volume '{name}' already has two primaries ({primaries}); detach one of them first (`trireme volume detach {name} --node NODE`)")]
+    TwoPrimaries { name: String, primaries: String },
+    #[error("volume '{name}' has no up-to-date replica, so no node can serve its data; start the node that held its last up-to-date replica again")]
+    NoUpToDateReplica { name: String },
+    #[error("volume '{name}' is not attached")]
+    NotAttached { name: String },
+    #[error("node '{node}' is not a primary of volume '{name}' (attached on: {primaries})")]
+    NotPrimary {
+        name: String,
+        node: String,
+        primaries: String,
+    },
+    #[error(
+        "volume '{name}' is attached on two nodes ({primaries}); say which to detach with --node"
+    )]
+    WhichPrimary { name: String, primaries: String },
+    #[error("volume '{name}' is at generation {current}, not {given}: a former primary cannot change which replicas are up to date")]
+    StaleGeneration {
+        name: String,
+        given: Generation,
+        current: Generation,
+    },
+    #[error("node '{node}' holds the last up-to-date replica of volume '{name}'; add a replica elsewhere (`trireme volume replica add {name}`) and wait until it is in sync (`trireme volume show {name} --wait`) first")]
+    LastInSync { name: String, node: String },
+    #[error("node '{node}' holds no diskful replica of volume '{name}' (see `trireme volume show {name}`)")]
+    NoDiskfulReplica { name: String, node: String },
+    #[error("node '{node}' already holds a diskful replica of volume '{name}'; name another node, or leave out --node to let the placer choose")]
+    ReplicaExists { name: String, node: String },
+    #[error("removing the replica on '{node}' would leave volume '{name}' without quorum: {up_to_date} of its {voters} remaining voters would be up to date or tiebreaker, and a majority is {majority}; wait until the other replicas are in sync (`trireme volume show {name} --wait`)")]
+    WouldLoseQuorum {
+        name: String,
+        node: String,
+        up_to_date: usize,
+        voters: usize,
+        majority: usize,
+    },
+    #[error("volume '{name}' is attached on {primaries}; detach it first (`trireme volume detach {name}`)")]
+    VolumeAttached { name: String, primaries: String },
     #[error("{0}")]
     Invalid(String),
 }
@@ -226,6 +340,48 @@ impl ClusterState {
                 Ok(Reply::Done)
             }
             Command::EvictNode { node, now_ms } => self.evict_node(node, now_ms),
+            Command::SetDataAddress { node, data_address } => {
+                let record = self
+                    .nodes
+                    .get_mut(&node)
+                    .ok_or(CommandError::UnknownNode { node })?;
+                record.data_address = data_address;
+                Ok(Reply::Done)
+            }
+            Command::AttachVolume {
+                name,
+                node,
+                allow_two_primaries,
+                now_ms,
+            } => self.attach_volume(name, node, allow_two_primaries, now_ms),
+            Command::ReattachVolume { name, node, now_ms } => {
+                self.reattach_volume(name, node, now_ms)
+            }
+            Command::DetachVolume { name, node } => self.detach_volume(name, node),
+            Command::MarkOutdated {
+                name,
+                generation,
+                node,
+                by,
+            } => self.mark_outdated(name, generation, node, by),
+            Command::MarkInSync {
+                name,
+                generation,
+                node,
+                by,
+            } => self.mark_in_sync(name, generation, node, by),
+            Command::ReportSync {
+                name,
+                node,
+                progress,
+            } => self.report_sync(name, node, progress),
+            Command::AddReplica {
+                name,
+                node,
+                pool,
+                now_ms: _,
+            } => self.add_replica(name, node, pool),
+            Command::RemoveReplica { name, node } => self.remove_replica(name, node),
         }?;
         if let Err(broken) = self.check_invariants() {
             // A bug in apply, not bad input: every node would hold the same
@@ -271,6 +427,7 @@ impl ClusterState {
                 name: node.name,
                 api_address: node.api_address,
                 nbd_address: node.nbd_address,
+                data_address: node.data_address,
                 labels: node.labels,
                 state: NodeState::Online,
                 state_since_ms: now_ms,
@@ -317,11 +474,11 @@ impl ClusterState {
             .volumes_on(node)
             .filter(|volume| {
                 // Pending (e.g. being grown) or failed, its data may still be
-                // the only copy: only another ready replica makes it spare.
-                let holds_data = volume
-                    .replica(node)
-                    .is_some_and(|replica| replica.kind == ReplicaKind::Diskful);
-                holds_data && !has_other_ready(volume, node) && !volume.deleting
+                // the only copy: only another ready replica makes it spare,
+                // and only another up-to-date one keeps the data current.
+                volume.is_diskful_on(node)
+                    && !volume.deleting
+                    && (!has_other_ready(volume, node) || !has_other_in_sync(volume, node))
             })
             .map(|volume| volume.name.to_string())
             .collect();
@@ -334,6 +491,8 @@ impl ClusterState {
         self.nodes.remove(&node);
         for volume in self.volumes.values_mut() {
             volume.replicas.retain(|replica| replica.node != node);
+            volume.in_sync.remove(&node);
+            volume.primaries.retain(|primary| primary.node != node);
         }
         self.forget_deleted_volumes();
         Ok(Reply::Done)
@@ -525,6 +684,11 @@ impl ClusterState {
             created_ms: now_ms,
             deleting: false,
             replicas: Vec::new(),
+            generation: FIRST_GENERATION,
+            primaries: Vec::new(),
+            // New replicas are all empty, hence identical: all up to date.
+            // (An adopted replica is the only copy of its data.)
+            in_sync: placement.diskful.iter().map(|(node, _)| *node).collect(),
         };
         self.next_volume_id += 1;
         record.replicas = replicas_of(&placement, observed_adopted);
@@ -567,6 +731,18 @@ impl ClusterState {
     }
 
     fn delete_volume(&mut self, name: VolumeName) -> Result<Reply, CommandError> {
+        let volume = self
+            .volumes
+            .get(&name)
+            .ok_or_else(|| CommandError::UnknownVolume {
+                name: name.to_string(),
+            })?;
+        if volume.is_attached() {
+            return Err(CommandError::VolumeAttached {
+                name: name.to_string(),
+                primaries: self.primaries_text(volume),
+            });
+        }
         let volume = self.volume_mut(&name)?;
         volume.deleting = true;
         // Members without data have nothing to remove.
@@ -618,6 +794,7 @@ impl ClusterState {
         // Only a deleted volume's replicas go away on their node's word.
         if volume.id == volume_id && volume.deleting {
             volume.replicas.retain(|replica| replica.node != node);
+            volume.in_sync.remove(&node);
             self.forget_deleted_volumes();
         }
         Ok(Reply::Done)
@@ -636,6 +813,12 @@ impl ClusterState {
         }
         record.state = NodeState::Evicted;
         record.state_since_ms = now_ms;
+        // Gone for the whole eviction delay: it is no primary any more, so
+        // it can no longer change which replicas are up to date, and the
+        // volume may be attached elsewhere (with a new generation).
+        for volume in self.volumes.values_mut() {
+            volume.primaries.retain(|primary| primary.node != node);
+        }
         let candidates = self.candidates();
         let mut replaced = Vec::new();
         let mut degraded = Vec::new();
@@ -645,10 +828,10 @@ impl ClusterState {
             if volume.deleting {
                 continue;
             }
-            if !has_other_ready(volume, node) {
-                // The evicted node holds the only copy: a new, empty replica
-                // elsewhere would be a replica in name only. Keep the record
-                // (the data may come back with the node).
+            if !has_other_ready(volume, node) || !has_other_in_sync(volume, node) {
+                // The evicted node holds the only (up-to-date) copy: a new,
+                // empty replica elsewhere would be a replica in name only.
+                // Keep the record (the data may come back with the node).
                 degraded.push(name);
                 continue;
             }
@@ -680,16 +863,9 @@ impl ClusterState {
             let volume = self.volumes.get_mut(&name).expect("listed above");
             match placer::place(&candidates, &request) {
                 Ok(placement) => {
-                    let mut new_replicas = replicas_of(&placement, false);
-                    // Replicas that stay keep what their nodes reported.
-                    for replica in &mut new_replicas {
-                        if let Some(old) = volume.replica(replica.node) {
-                            if old.kind == replica.kind {
-                                *replica = old.clone();
-                            }
-                        }
-                    }
-                    volume.replicas = new_replicas;
+                    // The new replica is empty: not in sync until the data
+                    // path has copied the volume to it.
+                    apply_placement(volume, &placement);
                     replaced.push(name);
                 }
                 Err(_) => {
@@ -700,6 +876,396 @@ impl ClusterState {
             }
         }
         Ok(Reply::Evicted { replaced, degraded })
+    }
+
+    /// The names of a volume's primaries, for messages: `n1, n2` or `none`.
+    fn primaries_text(&self, volume: &VolumeRecord) -> String {
+        if volume.primaries.is_empty() {
+            return "none".to_string();
+        }
+        volume
+            .primaries
+            .iter()
+            .map(|primary| self.node_name(primary.node))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The volume `name`, refused when unknown or being deleted.
+    fn live_volume(&self, name: &VolumeName) -> Result<&VolumeRecord, CommandError> {
+        let volume = self
+            .volumes
+            .get(name)
+            .ok_or_else(|| CommandError::UnknownVolume {
+                name: name.to_string(),
+            })?;
+        if volume.deleting {
+            return Err(CommandError::VolumeDeleting {
+                name: name.to_string(),
+            });
+        }
+        Ok(volume)
+    }
+
+    /// Refuses a command about the in-sync set unless it comes from a
+    /// current primary (`by`) and carries the current generation.
+    fn check_fence(
+        &self,
+        volume: &VolumeRecord,
+        generation: Generation,
+        by: NodeId,
+    ) -> Result<(), CommandError> {
+        if generation != volume.generation {
+            return Err(CommandError::StaleGeneration {
+                name: volume.name.to_string(),
+                given: generation,
+                current: volume.generation,
+            });
+        }
+        if !volume.is_primary(by) {
+            return Err(CommandError::NotPrimary {
+                name: volume.name.to_string(),
+                node: self.node_name(by),
+                primaries: self.primaries_text(volume),
+            });
+        }
+        Ok(())
+    }
+
+    fn attach_volume(
+        &mut self,
+        name: VolumeName,
+        node: NodeId,
+        allow_two_primaries: bool,
+        now_ms: u64,
+    ) -> Result<Reply, CommandError> {
+        let volume = self.live_volume(&name)?;
+        let record = self
+            .nodes
+            .get(&node)
+            .ok_or(CommandError::UnknownNode { node })?;
+        if record.state != NodeState::Online {
+            return Err(CommandError::NodeNotOnline {
+                node: record.name.to_string(),
+                state: record.state.as_str().to_string(),
+            });
+        }
+        if volume.is_primary(node) {
+            return Ok(Reply::Generation(volume.generation));
+        }
+        match volume.primaries.as_slice() {
+            [] => {}
+            [only] if !allow_two_primaries => {
+                return Err(CommandError::AlreadyAttached {
+                    name: name.to_string(),
+                    primary: self.node_name(only.node),
+                })
+            }
+            [_] => {}
+            _ => {
+                return Err(CommandError::TwoPrimaries {
+                    name: name.to_string(),
+                    primaries: self.primaries_text(volume),
+                })
+            }
+        }
+        if volume.in_sync.is_empty() {
+            return Err(CommandError::NoUpToDateReplica {
+                name: name.to_string(),
+            });
+        }
+        let volume = self.volume_mut(&name)?;
+        if volume.primaries.is_empty() {
+            // A new history: every replica refuses the writes of whoever
+            // was primary before.
+            volume.generation = volume.generation.next();
+        }
+        volume.primaries.push(PrimaryRecord {
+            node,
+            since_ms: now_ms,
+        });
+        Ok(Reply::Generation(volume.generation))
+    }
+
+    fn reattach_volume(
+        &mut self,
+        name: VolumeName,
+        node: NodeId,
+        now_ms: u64,
+    ) -> Result<Reply, CommandError> {
+        let volume = self.live_volume(&name)?;
+        if !volume.is_primary(node) {
+            return Err(CommandError::NotPrimary {
+                name: name.to_string(),
+                node: self.node_name(node),
+                primaries: self.primaries_text(volume),
+            });
+        }
+        let volume = self.volume_mut(&name)?;
+        volume.generation = volume.generation.next();
+        for primary in &mut volume.primaries {
+            if primary.node == node {
+                primary.since_ms = now_ms;
+            }
+        }
+        Ok(Reply::Generation(volume.generation))
+    }
+
+    fn detach_volume(
+        &mut self,
+        name: VolumeName,
+        node: Option<NodeId>,
+    ) -> Result<Reply, CommandError> {
+        let volume = self
+            .volumes
+            .get(&name)
+            .ok_or_else(|| CommandError::UnknownVolume {
+                name: name.to_string(),
+            })?;
+        let leaving = match (node, volume.primaries.as_slice()) {
+            (_, []) => {
+                return Err(CommandError::NotAttached {
+                    name: name.to_string(),
+                })
+            }
+            (Some(node), _) if !volume.is_primary(node) => {
+                return Err(CommandError::NotPrimary {
+                    name: name.to_string(),
+                    node: self.node_name(node),
+                    primaries: self.primaries_text(volume),
+                })
+            }
+            (Some(node), _) => node,
+            (None, [only]) => only.node,
+            (None, _) => {
+                return Err(CommandError::WhichPrimary {
+                    name: name.to_string(),
+                    primaries: self.primaries_text(volume),
+                })
+            }
+        };
+        let volume = self.volume_mut(&name)?;
+        volume.primaries.retain(|primary| primary.node != leaving);
+        Ok(Reply::Volume(Box::new(volume.clone())))
+    }
+
+    fn mark_outdated(
+        &mut self,
+        name: VolumeName,
+        generation: Generation,
+        node: NodeId,
+        by: NodeId,
+    ) -> Result<Reply, CommandError> {
+        let volume = self
+            .volumes
+            .get(&name)
+            .ok_or_else(|| CommandError::UnknownVolume {
+                name: name.to_string(),
+            })?;
+        self.check_fence(volume, generation, by)?;
+        if !volume.is_in_sync(node) {
+            return Ok(Reply::Done);
+        }
+        if volume.in_sync.len() == 1 {
+            return Err(CommandError::LastInSync {
+                name: name.to_string(),
+                node: self.node_name(node),
+            });
+        }
+        self.volume_mut(&name)?.in_sync.remove(&node);
+        Ok(Reply::Done)
+    }
+
+    fn mark_in_sync(
+        &mut self,
+        name: VolumeName,
+        generation: Generation,
+        node: NodeId,
+        by: NodeId,
+    ) -> Result<Reply, CommandError> {
+        let volume = self
+            .volumes
+            .get(&name)
+            .ok_or_else(|| CommandError::UnknownVolume {
+                name: name.to_string(),
+            })?;
+        self.check_fence(volume, generation, by)?;
+        if !volume.is_diskful_on(node) {
+            return Err(CommandError::NoDiskfulReplica {
+                name: name.to_string(),
+                node: self.node_name(node),
+            });
+        }
+        let volume = self.volume_mut(&name)?;
+        volume.in_sync.insert(node);
+        for replica in &mut volume.replicas {
+            if replica.node == node {
+                replica.sync = None;
+            }
+        }
+        Ok(Reply::Done)
+    }
+
+    fn report_sync(
+        &mut self,
+        name: VolumeName,
+        node: NodeId,
+        progress: Option<SyncProgress>,
+    ) -> Result<Reply, CommandError> {
+        let volume = self
+            .volumes
+            .get(&name)
+            .ok_or_else(|| CommandError::UnknownVolume {
+                name: name.to_string(),
+            })?;
+        if !volume.is_diskful_on(node) {
+            return Err(CommandError::NoDiskfulReplica {
+                name: name.to_string(),
+                node: self.node_name(node),
+            });
+        }
+        let volume = self.volume_mut(&name)?;
+        for replica in &mut volume.replicas {
+            if replica.node == node {
+                replica.sync = progress.clone();
+            }
+        }
+        Ok(Reply::Done)
+    }
+
+    /// The resource group of a volume (the default one if it went missing,
+    /// which the invariants rule out).
+    fn group_of(&self, volume: &VolumeRecord) -> ResourceGroup {
+        self.groups
+            .get(&volume.group)
+            .cloned()
+            .unwrap_or_else(ResourceGroup::default_group)
+    }
+
+    fn add_replica(
+        &mut self,
+        name: VolumeName,
+        node: Option<NodeId>,
+        pool: Option<PoolName>,
+    ) -> Result<Reply, CommandError> {
+        let volume = self.live_volume(&name)?;
+        let manual: Option<Vec<NodeName>> = match node {
+            None => None,
+            Some(node) => {
+                let record = self
+                    .nodes
+                    .get(&node)
+                    .ok_or(CommandError::UnknownNode { node })?;
+                if volume.is_diskful_on(node) {
+                    return Err(CommandError::ReplicaExists {
+                        name: name.to_string(),
+                        node: record.name.to_string(),
+                    });
+                }
+                Some(vec![record.name.clone()])
+            }
+        };
+        let keep = volume.placement().diskful;
+        if keep.len() >= MAX_PLACE_COUNT {
+            return Err(CommandError::Invalid(format!(
+                "volume '{name}' has {} diskful replicas, the most a volume may have",
+                keep.len()
+            )));
+        }
+        let group = self.group_of(volume);
+        let pools = pool.map(|pool| vec![pool]).unwrap_or(group.pools);
+        let wanted = keep.len() + 1;
+        let request = placer::Request {
+            size_bytes: volume.size_bytes,
+            place_count: wanted,
+            min_place_count: wanted,
+            pools: &pools,
+            class: group.class,
+            replicas_on_different: &group.replicas_on_different,
+            diskless_on_remaining: group.diskless_on_remaining,
+            manual_nodes: manual.as_deref(),
+            exclude: &[],
+            keep: &keep,
+            seed: name_seed(name.as_str()),
+        };
+        let placement = placer::place(&self.candidates(), &request).map_err(|error| {
+            CommandError::Placement {
+                name: name.to_string(),
+                reason: error.to_string(),
+            }
+        })?;
+        let volume = self.volume_mut(&name)?;
+        apply_placement(volume, &placement);
+        Ok(Reply::Volume(Box::new(volume.clone())))
+    }
+
+    fn remove_replica(&mut self, name: VolumeName, node: NodeId) -> Result<Reply, CommandError> {
+        let volume = self.live_volume(&name)?;
+        if !volume.is_diskful_on(node) {
+            return Err(CommandError::NoDiskfulReplica {
+                name: name.to_string(),
+                node: self.node_name(node),
+            });
+        }
+        if !has_other_in_sync(volume, node) {
+            return Err(CommandError::LastInSync {
+                name: name.to_string(),
+                node: self.node_name(node),
+            });
+        }
+        let keep: Vec<(NodeId, PoolName)> = volume
+            .placement()
+            .diskful
+            .into_iter()
+            .filter(|(holder, _)| *holder != node)
+            .collect();
+        let group = self.group_of(volume);
+        let request = placer::Request {
+            size_bytes: volume.size_bytes,
+            place_count: keep.len(),
+            min_place_count: keep.len(),
+            pools: &group.pools,
+            class: group.class,
+            replicas_on_different: &group.replicas_on_different,
+            diskless_on_remaining: group.diskless_on_remaining,
+            manual_nodes: None,
+            exclude: &[node],
+            keep: &keep,
+            seed: name_seed(name.as_str()),
+        };
+        // The node gives its replica up: it takes no tiebreaker or diskless
+        // membership in exchange.
+        let mut candidates = self.candidates();
+        candidates.retain(|candidate| candidate.id != node);
+        let placement =
+            placer::place(&candidates, &request).map_err(|error| CommandError::Placement {
+                name: name.to_string(),
+                reason: error.to_string(),
+            })?;
+        let voters = placement.diskful.len() + usize::from(placement.tiebreaker.is_some());
+        let up_to_date = placement
+            .diskful
+            .iter()
+            .filter(|(holder, _)| volume.is_in_sync(*holder))
+            .count()
+            + usize::from(placement.tiebreaker.is_some());
+        let majority = voters / 2 + 1;
+        if up_to_date < majority {
+            return Err(CommandError::WouldLoseQuorum {
+                name: name.to_string(),
+                node: self.node_name(node),
+                up_to_date,
+                voters,
+                majority,
+            });
+        }
+        let volume = self.volume_mut(&name)?;
+        apply_placement(volume, &placement);
+        if volume.is_primary(node) && volume.replica(node).is_none() {
+            // A primary goes on serving the volume through its peers.
+            volume.replicas.push(diskless_member(node));
+        }
+        Ok(Reply::Volume(Box::new(volume.clone())))
     }
 
     /// What must hold after every command; checked by `apply`.
@@ -741,6 +1307,50 @@ impl ClusterState {
             if volume.deleting && volume.replicas.is_empty() {
                 return Err(format!("deleted volume {name} is still recorded"));
             }
+            for replica in &volume.replicas {
+                if replica.sync.is_some() && replica.kind != ReplicaKind::Diskful {
+                    return Err(format!(
+                        "volume {name}: a {} replica has resync progress",
+                        replica.kind.as_str()
+                    ));
+                }
+            }
+            if volume.generation < FIRST_GENERATION {
+                return Err(format!("volume {name} has generation 0"));
+            }
+            if volume.primaries.len() > MAX_PRIMARIES {
+                return Err(format!(
+                    "volume {name} has {} primaries",
+                    volume.primaries.len()
+                ));
+            }
+            let mut primaries = BTreeSet::new();
+            for primary in &volume.primaries {
+                if !primaries.insert(primary.node) {
+                    return Err(format!(
+                        "volume {name} lists primary {} twice",
+                        primary.node
+                    ));
+                }
+                if !self.nodes.contains_key(&primary.node) {
+                    return Err(format!("volume {name} is attached on a removed node"));
+                }
+            }
+            if let Some(stray) = volume
+                .in_sync
+                .iter()
+                .find(|node| !volume.is_diskful_on(**node))
+            {
+                return Err(format!(
+                    "volume {name}: node {stray} is in sync without a diskful replica"
+                ));
+            }
+            if volume.in_sync.is_empty() && (volume.is_attached() || !volume.deleting) {
+                return Err(format!("volume {name} has no up-to-date replica"));
+            }
+            if volume.deleting && volume.is_attached() {
+                return Err(format!("volume {name} is attached while being deleted"));
+            }
         }
         Ok(())
     }
@@ -751,6 +1361,45 @@ fn has_other_ready(volume: &VolumeRecord, node: NodeId) -> bool {
     volume
         .diskful()
         .any(|replica| replica.node != node && replica.observed == ReplicaObserved::Ready)
+}
+
+/// Whether a node other than `node` holds an up-to-date replica of `volume`.
+fn has_other_in_sync(volume: &VolumeRecord, node: NodeId) -> bool {
+    volume.in_sync.iter().any(|holder| *holder != node)
+}
+
+/// Gives `volume` the members of `placement`. Replicas that stay keep their
+/// record (what their node reported, their resync); new diskful replicas
+/// are pending and not in sync; a primary keeps a diskless membership.
+fn apply_placement(volume: &mut VolumeRecord, placement: &placer::Placement) {
+    let mut replicas = replicas_of(placement, false);
+    for replica in &mut replicas {
+        if let Some(old) = volume.replica(replica.node) {
+            if old.kind == replica.kind {
+                *replica = old.clone();
+            }
+        }
+    }
+    for old in &volume.replicas {
+        let placed = replicas.iter().any(|replica| replica.node == old.node);
+        if !placed && old.kind == ReplicaKind::Diskless && volume.is_primary(old.node) {
+            replicas.push(old.clone());
+        }
+    }
+    volume.replicas = replicas;
+    let diskful: BTreeSet<NodeId> = volume.diskful().map(|replica| replica.node).collect();
+    volume.in_sync.retain(|node| diskful.contains(node));
+}
+
+fn diskless_member(node: NodeId) -> ReplicaRecord {
+    ReplicaRecord {
+        node,
+        kind: ReplicaKind::Diskless,
+        pool: None,
+        observed: ReplicaObserved::Ready,
+        allocated_bytes: 0,
+        sync: None,
+    }
 }
 
 /// The most diskful replicas a volume may have.
@@ -767,6 +1416,7 @@ fn replicas_of(placement: &placer::Placement, ready: bool) -> Vec<ReplicaRecord>
             ReplicaObserved::Pending
         },
         allocated_bytes: 0,
+        sync: None,
     });
     let member = |node: &NodeId, kind| ReplicaRecord {
         node: *node,
@@ -774,6 +1424,7 @@ fn replicas_of(placement: &placer::Placement, ready: bool) -> Vec<ReplicaRecord>
         pool: None,
         observed: ReplicaObserved::Ready,
         allocated_bytes: 0,
+        sync: None,
     };
     diskful
         .chain(

@@ -6,8 +6,8 @@
 //! proposed the command: applying never reads a clock.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use trireme_types::{DeviceClass, GroupName, NodeId, NodeName, PoolName, VolumeName};
+use std::collections::{BTreeMap, BTreeSet};
+use trireme_types::{DeviceClass, Generation, GroupName, NodeId, NodeName, PoolName, VolumeName};
 
 use crate::placer::Placement;
 
@@ -65,6 +65,11 @@ pub struct NodeRecord {
     pub api_address: String,
     /// `HOST:PORT` of the node's NBD server, if it serves TCP.
     pub nbd_address: Option<String>,
+    /// `HOST:PORT` of the node's replication listener, where primaries send
+    /// a volume's writes and resyncs. Absent in states written before it
+    /// existed, until the node reports it (`Command::SetDataAddress`).
+    #[serde(default)]
+    pub data_address: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub state: NodeState,
     pub state_since_ms: u64,
@@ -163,6 +168,17 @@ pub enum ReplicaObserved {
     Failed(String),
 }
 
+/// How far a running resync of one replica has got, as the data path last
+/// reported it (`Command::ReportSync`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncProgress {
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    pub rate_bytes_per_sec: u64,
+    /// When the proposer measured it.
+    pub reported_ms: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaRecord {
     pub node: NodeId,
@@ -172,9 +188,32 @@ pub struct ReplicaRecord {
     pub observed: ReplicaObserved,
     /// Bytes allocated in the pool, as last reported.
     pub allocated_bytes: u64,
+    /// A running resync of this (diskful) replica; cleared when it is
+    /// marked in sync.
+    #[serde(default)]
+    pub sync: Option<SyncProgress>,
 }
 
+/// A node where a volume is attached: it runs the volume's engine and
+/// serves it (over NBD) to its clients.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrimaryRecord {
+    pub node: NodeId,
+    /// When this node's current engine took the role (attach or reattach).
+    pub since_ms: u64,
+}
+
+/// The most primaries a volume may have: two only while a VM migrates.
+pub const MAX_PRIMARIES: usize = 2;
+
+/// The generation of a newly created volume.
+pub const FIRST_GENERATION: Generation = Generation(1);
+
+fn first_generation() -> Generation {
+    FIRST_GENERATION
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct VolumeRecord {
     pub id: u64,
     pub name: VolumeName,
@@ -184,6 +223,72 @@ pub struct VolumeRecord {
     /// Set by a delete: nodes remove their replicas, then the record goes.
     pub deleting: bool,
     pub replicas: Vec<ReplicaRecord>,
+    /// The volume's data-history id: moves forward when a primary takes
+    /// over with no other primary (attach) or restarts its engine
+    /// (reattach). Replicas refuse writes of an older generation, and the
+    /// in-sync set only shrinks by a command carrying the current one.
+    pub generation: Generation,
+    /// Where the volume is attached (at most [`MAX_PRIMARIES`]).
+    pub primaries: Vec<PrimaryRecord>,
+    /// The nodes whose diskful replica is known to hold every acknowledged
+    /// write. The control plane is the arbiter: a replica leaves the set
+    /// only by a command of a current primary carrying the current
+    /// generation, and joins it when the data path reports it synced.
+    pub in_sync: BTreeSet<NodeId>,
+}
+
+/// [`VolumeRecord`] as stored: fields added later are optional, so that
+/// snapshots written before them still load.
+#[derive(Deserialize)]
+struct StoredVolumeRecord {
+    id: u64,
+    name: VolumeName,
+    size_bytes: u64,
+    group: GroupName,
+    created_ms: u64,
+    deleting: bool,
+    replicas: Vec<ReplicaRecord>,
+    #[serde(default = "first_generation")]
+    generation: Generation,
+    #[serde(default)]
+    primaries: Vec<PrimaryRecord>,
+    /// `None` in states written before in-sync tracking existed.
+    #[serde(default)]
+    in_sync: Option<BTreeSet<NodeId>>,
+}
+
+impl From<StoredVolumeRecord> for VolumeRecord {
+    fn from(stored: StoredVolumeRecord) -> Self {
+        // Before in-sync tracking, a volume was served only where its one
+        // replica lived, and volumes with several replicas were placed but
+        // never served: every diskful replica holds the volume's data.
+        let in_sync = stored.in_sync.unwrap_or_else(|| {
+            stored
+                .replicas
+                .iter()
+                .filter(|replica| replica.kind == ReplicaKind::Diskful)
+                .map(|replica| replica.node)
+                .collect()
+        });
+        VolumeRecord {
+            id: stored.id,
+            name: stored.name,
+            size_bytes: stored.size_bytes,
+            group: stored.group,
+            created_ms: stored.created_ms,
+            deleting: stored.deleting,
+            replicas: stored.replicas,
+            generation: stored.generation,
+            primaries: stored.primaries,
+            in_sync,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for VolumeRecord {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        StoredVolumeRecord::deserialize(deserializer).map(VolumeRecord::from)
+    }
 }
 
 impl VolumeRecord {
@@ -195,6 +300,41 @@ impl VolumeRecord {
         self.replicas
             .iter()
             .filter(|replica| replica.kind == ReplicaKind::Diskful)
+    }
+
+    /// Whether `node` holds a diskful replica.
+    pub fn is_diskful_on(&self, node: NodeId) -> bool {
+        self.replica(node)
+            .is_some_and(|replica| replica.kind == ReplicaKind::Diskful)
+    }
+
+    /// The members that vote on the volume's quorum: the diskful replicas
+    /// and the tiebreaker, in replica order.
+    pub fn voters(&self) -> Vec<NodeId> {
+        self.replicas
+            .iter()
+            .filter(|replica| {
+                matches!(replica.kind, ReplicaKind::Diskful | ReplicaKind::Tiebreaker)
+            })
+            .map(|replica| replica.node)
+            .collect()
+    }
+
+    /// How many voters make a majority.
+    pub fn quorum_size(&self) -> usize {
+        self.voters().len() / 2 + 1
+    }
+
+    pub fn is_primary(&self, node: NodeId) -> bool {
+        self.primaries.iter().any(|primary| primary.node == node)
+    }
+
+    pub fn is_attached(&self) -> bool {
+        !self.primaries.is_empty()
+    }
+
+    pub fn is_in_sync(&self, node: NodeId) -> bool {
+        self.in_sync.contains(&node)
     }
 
     pub fn placement(&self) -> Placement {

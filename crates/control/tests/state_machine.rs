@@ -15,10 +15,10 @@ use proptest::prelude::*;
 use trireme_control::command::MAX_PLACE_COUNT;
 use trireme_control::{
     ClusterSettings, ClusterState, Command, CommandError, NodeRegistration, NodeState, PoolRecord,
-    PoolReport, QuorumPolicy, ReplicaKind, ReplicaObserved, Reply, ResourceGroup, VolumeRecord,
-    DEFAULT_GROUP, JOIN_WINDOW_MS,
+    PoolReport, PrimaryRecord, QuorumPolicy, ReplicaKind, ReplicaObserved, Reply, ResourceGroup,
+    SyncProgress, VolumeRecord, DEFAULT_GROUP, JOIN_WINDOW_MS,
 };
-use trireme_types::{DeviceClass, GroupName, NodeId, NodeName, PoolName, VolumeName};
+use trireme_types::{DeviceClass, Generation, GroupName, NodeId, NodeName, PoolName, VolumeName};
 
 /// Proposers stamp commands with their clock; any fixed epoch will do.
 const T0: u64 = 1_700_000_000_000;
@@ -46,6 +46,7 @@ fn registration(name: &str, zone: Option<&str>) -> NodeRegistration {
         name: nname(name),
         api_address: format!("{name}.test:7070"),
         nbd_address: None,
+        data_address: None,
         labels: zone
             .map(|zone| BTreeMap::from([("zone".to_string(), zone.to_string())]))
             .unwrap_or_default(),
@@ -1069,6 +1070,764 @@ fn settings_are_replaced() {
 }
 
 // ---------------------------------------------------------------------------
+// Attach, detach, the generation and the in-sync set.
+// ---------------------------------------------------------------------------
+
+fn attach_command(volume: &str, node: u64, allow_two_primaries: bool) -> Command {
+    Command::AttachVolume {
+        name: vname(volume),
+        node: NodeId(node),
+        allow_two_primaries,
+        now_ms: T0 + 1,
+    }
+}
+
+fn detach_command(volume: &str, node: Option<u64>) -> Command {
+    Command::DetachVolume {
+        name: vname(volume),
+        node: node.map(NodeId),
+    }
+}
+
+fn outdated_command(volume: &str, generation: u64, node: u64, by: u64) -> Command {
+    Command::MarkOutdated {
+        name: vname(volume),
+        generation: Generation(generation),
+        node: NodeId(node),
+        by: NodeId(by),
+    }
+}
+
+fn in_sync_command(volume: &str, generation: u64, node: u64, by: u64) -> Command {
+    Command::MarkInSync {
+        name: vname(volume),
+        generation: Generation(generation),
+        node: NodeId(node),
+        by: NodeId(by),
+    }
+}
+
+fn add_replica_command(volume: &str, node: Option<u64>, pool: Option<&str>) -> Command {
+    Command::AddReplica {
+        name: vname(volume),
+        node: node.map(NodeId),
+        pool: pool.map(pname),
+        now_ms: T0,
+    }
+}
+
+fn remove_replica_command(volume: &str, node: u64) -> Command {
+    Command::RemoveReplica {
+        name: vname(volume),
+        node: NodeId(node),
+    }
+}
+
+#[track_caller]
+fn generation_of(reply: Reply) -> Generation {
+    match reply {
+        Reply::Generation(generation) => generation,
+        other => panic!("expected a generation, got {other:?}"),
+    }
+}
+
+fn ids(nodes: &[u64]) -> BTreeSet<NodeId> {
+    nodes.iter().map(|node| NodeId(*node)).collect()
+}
+
+fn primaries(state: &ClusterState, volume: &str) -> Vec<NodeId> {
+    state.volumes[&vname(volume)]
+        .primaries
+        .iter()
+        .map(|primary| primary.node)
+        .collect()
+}
+
+fn set_offline(state: &mut ClusterState, node: u64) {
+    apply_ok(
+        state,
+        Command::SetNodeState {
+            node: NodeId(node),
+            state: NodeState::Offline,
+            now_ms: T0,
+        },
+    );
+}
+
+#[test]
+fn a_new_volume_starts_at_generation_one_with_every_replica_in_sync() {
+    let mut state = cluster(&["za", "zb", "zc", "zd"]);
+    let three = created(apply_ok(
+        &mut state,
+        create_with("three", None, Some(&["n1", "n2", "n3"]), None),
+    ));
+    assert_eq!(three.generation, Generation(1));
+    assert!(three.primaries.is_empty());
+    assert_eq!(three.in_sync, ids(&[1, 2, 3]));
+    assert_eq!(three.voters(), vec![NodeId(1), NodeId(2), NodeId(3)]);
+    assert_eq!(three.quorum_size(), 2);
+    assert!(three.replicas.iter().all(|replica| replica.sync.is_none()));
+
+    // Two diskful replicas and a tiebreaker: three voters, only two in sync.
+    let two = created(apply_ok(
+        &mut state,
+        create_with("two", Some(2), None, None),
+    ));
+    assert_eq!(two.voters().len(), 3);
+    assert_eq!(two.quorum_size(), 2);
+    assert_eq!(two.in_sync, diskful_nodes(&two));
+    assert!(!two.is_primary(NodeId(1)));
+}
+
+#[test]
+fn the_first_attach_moves_the_generation_and_a_second_primary_shares_it() {
+    let mut state = cluster(&["za", "zb", "zc"]);
+    created(apply_ok(&mut state, create_command("v", GIB)));
+
+    assert_eq!(
+        generation_of(apply_ok(&mut state, attach_command("v", 1, false))),
+        Generation(2)
+    );
+    let volume = &state.volumes[&vname("v")];
+    assert_eq!(
+        volume.primaries,
+        vec![PrimaryRecord {
+            node: NodeId(1),
+            since_ms: T0 + 1
+        }]
+    );
+    assert!(volume.is_primary(NodeId(1)));
+
+    // Attaching where it is attached changes nothing.
+    let before = state.clone();
+    assert_eq!(
+        generation_of(apply_ok(&mut state, attach_command("v", 1, true))),
+        Generation(2)
+    );
+    assert_eq!(state, before);
+
+    // A second node needs the explicit flag, and the error names the primary.
+    let error = refused(&mut state, attach_command("v", 2, false));
+    assert_eq!(
+        error,
+        CommandError::AlreadyAttached {
+            name: "v".into(),
+            primary: "n1".into()
+        }
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("'n1'") && text.contains("--allow-two-primaries") && text.contains("detach"),
+        "{text}"
+    );
+
+    // A second primary shares the generation (a live migration).
+    assert_eq!(
+        generation_of(apply_ok(&mut state, attach_command("v", 2, true))),
+        Generation(2)
+    );
+    assert_eq!(primaries(&state, "v"), vec![NodeId(1), NodeId(2)]);
+    let third = refused(&mut state, attach_command("v", 3, true));
+    assert!(
+        matches!(&third, CommandError::TwoPrimaries { primaries, .. } if primaries == "n1, n2"),
+        "{third:?}"
+    );
+
+    // Detach: which one must be said while there are two.
+    let which = refused(&mut state, detach_command("v", None));
+    assert!(
+        matches!(&which, CommandError::WhichPrimary { .. }),
+        "{which:?}"
+    );
+    assert!(which.to_string().contains("--node"), "{which}");
+    let not_primary = refused(&mut state, detach_command("v", Some(3)));
+    assert_eq!(
+        not_primary,
+        CommandError::NotPrimary {
+            name: "v".into(),
+            node: "n3".into(),
+            primaries: "n1, n2".into()
+        }
+    );
+    apply_ok(&mut state, detach_command("v", Some(1)));
+    assert_eq!(primaries(&state, "v"), vec![NodeId(2)]);
+    apply_ok(&mut state, detach_command("v", None));
+    assert!(primaries(&state, "v").is_empty());
+    // Detaching keeps the generation.
+    assert_eq!(state.volumes[&vname("v")].generation, Generation(2));
+    let not_attached = refused(&mut state, detach_command("v", None));
+    assert_eq!(not_attached.to_string(), "volume 'v' is not attached");
+    let not_attached = refused(&mut state, detach_command("v", Some(1)));
+    assert_eq!(not_attached, CommandError::NotAttached { name: "v".into() });
+
+    // The next attach, with no primary, starts a new generation.
+    assert_eq!(
+        generation_of(apply_ok(&mut state, attach_command("v", 3, false))),
+        Generation(3)
+    );
+}
+
+#[test]
+fn attach_needs_a_live_volume_and_an_online_node() {
+    let mut state = cluster(&["za", "zb", "zc"]);
+    created(apply_ok(&mut state, create_command("v", GIB)));
+
+    assert_eq!(
+        refused(&mut state, attach_command("nope", 1, false)),
+        CommandError::UnknownVolume {
+            name: "nope".into()
+        }
+    );
+    assert_eq!(
+        refused(&mut state, attach_command("v", 9, false)),
+        CommandError::UnknownNode { node: NodeId(9) }
+    );
+    set_offline(&mut state, 2);
+    let offline = refused(&mut state, attach_command("v", 2, false));
+    assert_eq!(
+        offline,
+        CommandError::NodeNotOnline {
+            node: "n2".into(),
+            state: "offline".into()
+        }
+    );
+    assert!(offline.to_string().contains("online node"), "{offline}");
+
+    // An attached volume is not deleted under its primary.
+    apply_ok(&mut state, attach_command("v", 1, false));
+    let attached = refused(&mut state, Command::DeleteVolume { name: vname("v") });
+    assert_eq!(
+        attached,
+        CommandError::VolumeAttached {
+            name: "v".into(),
+            primaries: "n1".into()
+        }
+    );
+    assert!(
+        attached.to_string().contains("detach it first"),
+        "{attached}"
+    );
+    apply_ok(&mut state, detach_command("v", None));
+    apply_ok(&mut state, Command::DeleteVolume { name: vname("v") });
+    assert_eq!(
+        refused(&mut state, attach_command("v", 1, false)),
+        CommandError::VolumeDeleting { name: "v".into() }
+    );
+}
+
+#[test]
+fn reattach_moves_the_generation_of_a_primary_only() {
+    let mut state = cluster(&["za", "zb", "zc"]);
+    created(apply_ok(&mut state, create_command("v", GIB)));
+    apply_ok(&mut state, attach_command("v", 1, false));
+    let reattach = |node: u64| Command::ReattachVolume {
+        name: vname("v"),
+        node: NodeId(node),
+        now_ms: T0 + 50,
+    };
+    assert_eq!(
+        generation_of(apply_ok(&mut state, reattach(1))),
+        Generation(3)
+    );
+    assert_eq!(
+        state.volumes[&vname("v")].primaries,
+        vec![PrimaryRecord {
+            node: NodeId(1),
+            since_ms: T0 + 50
+        }]
+    );
+    assert_eq!(
+        refused(&mut state, reattach(2)),
+        CommandError::NotPrimary {
+            name: "v".into(),
+            node: "n2".into(),
+            primaries: "n1".into()
+        }
+    );
+    apply_ok(&mut state, detach_command("v", None));
+    let detached = refused(&mut state, reattach(1));
+    assert!(
+        detached.to_string().contains("attached on: none"),
+        "{detached}"
+    );
+}
+
+#[test]
+fn only_a_current_primary_at_the_current_generation_shrinks_the_in_sync_set() {
+    let mut state = cluster(&["za", "zb", "zc"]);
+    created(apply_ok(&mut state, create_command("v", GIB)));
+    apply_ok(&mut state, attach_command("v", 1, false));
+    // Generation 2 now.
+
+    let stale = refused(&mut state, outdated_command("v", 1, 3, 1));
+    assert_eq!(
+        stale,
+        CommandError::StaleGeneration {
+            name: "v".into(),
+            given: Generation(1),
+            current: Generation(2)
+        }
+    );
+    assert!(stale.to_string().contains("former primary"), "{stale}");
+    let not_primary = refused(&mut state, outdated_command("v", 2, 3, 2));
+    assert!(
+        matches!(&not_primary, CommandError::NotPrimary { node, .. } if node == "n2"),
+        "{not_primary:?}"
+    );
+
+    apply_ok(&mut state, outdated_command("v", 2, 3, 1));
+    assert_eq!(state.volumes[&vname("v")].in_sync, ids(&[1, 2]));
+    // Already outdated: nothing to do.
+    let before = state.clone();
+    apply_ok(&mut state, outdated_command("v", 2, 3, 1));
+    assert_eq!(state, before);
+
+    // A primary that restarted cannot use its former incarnation's generation.
+    apply_ok(
+        &mut state,
+        Command::ReattachVolume {
+            name: vname("v"),
+            node: NodeId(1),
+            now_ms: T0,
+        },
+    );
+    refused(&mut state, outdated_command("v", 2, 2, 1));
+
+    // A cut-off former primary: n1 loses the role to n2 (generation 4);
+    // whatever n1 still proposes is refused.
+    apply_ok(&mut state, detach_command("v", None));
+    apply_ok(&mut state, attach_command("v", 2, false));
+    assert_eq!(state.volumes[&vname("v")].generation, Generation(4));
+    assert!(matches!(
+        refused(&mut state, outdated_command("v", 3, 2, 1)),
+        CommandError::StaleGeneration { .. }
+    ));
+    assert!(matches!(
+        refused(&mut state, outdated_command("v", 4, 2, 1)),
+        CommandError::NotPrimary { .. }
+    ));
+
+    // The set never empties.
+    apply_ok(&mut state, outdated_command("v", 4, 1, 2));
+    assert_eq!(state.volumes[&vname("v")].in_sync, ids(&[2]));
+    let last = refused(&mut state, outdated_command("v", 4, 2, 2));
+    assert_eq!(
+        last,
+        CommandError::LastInSync {
+            name: "v".into(),
+            node: "n2".into()
+        }
+    );
+    assert_eq!(
+        refused(&mut state, outdated_command("nope", 4, 2, 2)),
+        CommandError::UnknownVolume {
+            name: "nope".into()
+        }
+    );
+}
+
+#[test]
+fn resync_progress_is_recorded_until_the_replica_is_marked_in_sync() {
+    let mut state = cluster(&["za", "zb", "zc", "zd"]);
+    created(apply_ok(
+        &mut state,
+        create_with("v", Some(2), Some(&["n1", "n2"]), None),
+    ));
+    let tiebreaker = state.volumes[&vname("v")]
+        .replicas
+        .iter()
+        .find(|replica| replica.kind == ReplicaKind::Tiebreaker)
+        .map(|replica| replica.node)
+        .expect("two diskful replicas get a tiebreaker");
+    apply_ok(&mut state, attach_command("v", 1, false));
+    apply_ok(&mut state, outdated_command("v", 2, 2, 1));
+
+    let progress = SyncProgress {
+        done_bytes: GIB / 4,
+        total_bytes: GIB,
+        rate_bytes_per_sec: 100 << 20,
+        reported_ms: T0 + 5,
+    };
+    let report = |node: NodeId, progress: Option<SyncProgress>| Command::ReportSync {
+        name: vname("v"),
+        node,
+        progress,
+    };
+    apply_ok(&mut state, report(NodeId(2), Some(progress.clone())));
+    assert_eq!(
+        state.volumes[&vname("v")].replica(NodeId(2)).unwrap().sync,
+        Some(progress.clone())
+    );
+    let not_diskful = refused(&mut state, report(tiebreaker, Some(progress.clone())));
+    assert!(
+        matches!(&not_diskful, CommandError::NoDiskfulReplica { .. }),
+        "{not_diskful:?}"
+    );
+    refused(&mut state, report(NodeId(9), None));
+    assert_eq!(
+        refused(
+            &mut state,
+            Command::ReportSync {
+                name: vname("nope"),
+                node: NodeId(2),
+                progress: None
+            }
+        ),
+        CommandError::UnknownVolume {
+            name: "nope".into()
+        }
+    );
+
+    // Marking in sync is fenced like marking outdated.
+    assert!(matches!(
+        refused(&mut state, in_sync_command("v", 1, 2, 1)),
+        CommandError::StaleGeneration { .. }
+    ));
+    assert!(matches!(
+        refused(&mut state, in_sync_command("v", 2, 2, 2)),
+        CommandError::NotPrimary { .. }
+    ));
+    let tiebreaker_in_sync = refused(&mut state, in_sync_command("v", 2, tiebreaker.0, 1));
+    assert!(
+        tiebreaker_in_sync
+            .to_string()
+            .contains("no diskful replica"),
+        "{tiebreaker_in_sync}"
+    );
+    apply_ok(&mut state, in_sync_command("v", 2, 2, 1));
+    let volume = &state.volumes[&vname("v")];
+    assert_eq!(volume.in_sync, ids(&[1, 2]));
+    assert_eq!(volume.replica(NodeId(2)).unwrap().sync, None);
+    // A stopped resync is reported as None.
+    apply_ok(&mut state, report(NodeId(2), Some(progress)));
+    apply_ok(&mut state, report(NodeId(2), None));
+    assert_eq!(
+        state.volumes[&vname("v")].replica(NodeId(2)).unwrap().sync,
+        None
+    );
+}
+
+#[test]
+fn an_added_replica_follows_the_group_rules_and_waits_for_its_sync() {
+    // n1 and n4 share zone za; the group spreads over zones.
+    let mut state = cluster(&["za", "zb", "zc", "za"]);
+    apply_ok(
+        &mut state,
+        Command::CreateGroup {
+            group: group("spread", 3, 1, &["zone"]),
+        },
+    );
+    created(apply_ok(
+        &mut state,
+        create_with("v", None, Some(&["n1"]), Some("spread")),
+    ));
+    report_all_ready(&mut state, "v");
+
+    let conflict = refused(&mut state, add_replica_command("v", Some(4), None));
+    assert!(
+        matches!(&conflict, CommandError::Placement { reason, .. } if reason.contains("zone=za")),
+        "{conflict:?}"
+    );
+    let exists = refused(&mut state, add_replica_command("v", Some(1), None));
+    assert_eq!(
+        exists,
+        CommandError::ReplicaExists {
+            name: "v".into(),
+            node: "n1".into()
+        }
+    );
+    assert_eq!(
+        refused(&mut state, add_replica_command("v", Some(9), None)),
+        CommandError::UnknownNode { node: NodeId(9) }
+    );
+    let pool = refused(&mut state, add_replica_command("v", None, Some("nope")));
+    assert!(
+        matches!(&pool, CommandError::Placement { reason, .. } if reason.contains("nope")),
+        "{pool:?}"
+    );
+
+    // A second diskful replica: even, so a tiebreaker comes with it.
+    let two = created(apply_ok(
+        &mut state,
+        add_replica_command("v", Some(2), None),
+    ));
+    assert_eq!(diskful_nodes(&two), ids(&[1, 2]));
+    assert_eq!(two.in_sync, ids(&[1]), "an added replica is not in sync");
+    let added = two.replica(NodeId(2)).unwrap();
+    assert_eq!(added.observed, ReplicaObserved::Pending);
+    // The kept replica keeps what its node reported.
+    assert_eq!(
+        two.replica(NodeId(1)).unwrap().observed,
+        ReplicaObserved::Ready
+    );
+    // Only n3 (zc) may take the tiebreaker: n4 shares za with n1.
+    let tiebreakers: Vec<NodeId> = two
+        .replicas
+        .iter()
+        .filter(|replica| replica.kind == ReplicaKind::Tiebreaker)
+        .map(|replica| replica.node)
+        .collect();
+    assert_eq!(tiebreakers, vec![NodeId(3)]);
+
+    // A third (placed by the group: only zc is left): odd, no tiebreaker.
+    let three = created(apply_ok(&mut state, add_replica_command("v", None, None)));
+    assert_eq!(diskful_nodes(&three), ids(&[1, 2, 3]));
+    assert!(three
+        .replicas
+        .iter()
+        .all(|replica| replica.kind == ReplicaKind::Diskful));
+    assert_eq!(three.in_sync, ids(&[1]));
+    // No zone is left for a fourth.
+    let full = refused(&mut state, add_replica_command("v", None, None));
+    assert!(matches!(&full, CommandError::Placement { .. }), "{full:?}");
+    assert_eq!(
+        refused(&mut state, add_replica_command("nope", None, None)),
+        CommandError::UnknownVolume {
+            name: "nope".into()
+        }
+    );
+}
+
+#[test]
+fn removing_a_replica_keeps_an_up_to_date_majority() {
+    let mut state = cluster(&["za", "zb", "zc"]);
+    created(apply_ok(&mut state, create_command("v", GIB)));
+    apply_ok(&mut state, attach_command("v", 1, false));
+    apply_ok(&mut state, outdated_command("v", 2, 2, 1));
+
+    // Without n3, n1 (in sync) and n2 (outdated) would be two voters with
+    // one up to date, and no node is left for a tiebreaker.
+    let quorum = refused(&mut state, remove_replica_command("v", 3));
+    assert_eq!(
+        quorum,
+        CommandError::WouldLoseQuorum {
+            name: "v".into(),
+            node: "n3".into(),
+            up_to_date: 1,
+            voters: 2,
+            majority: 2
+        }
+    );
+    assert!(quorum.to_string().contains("without quorum"), "{quorum}");
+
+    // The outdated replica may go; the node it leaves gets no tiebreaker.
+    let two = created(apply_ok(&mut state, remove_replica_command("v", 2)));
+    assert_eq!(diskful_nodes(&two), ids(&[1, 3]));
+    assert!(two.replica(NodeId(2)).is_none(), "{two:?}");
+    assert_eq!(two.in_sync, ids(&[1, 3]));
+
+    // The primary gives up its data but stays attached, diskless.
+    let one = created(apply_ok(&mut state, remove_replica_command("v", 1)));
+    assert_eq!(diskful_nodes(&one), ids(&[3]));
+    assert_eq!(one.in_sync, ids(&[3]));
+    assert_eq!(
+        one.replica(NodeId(1)).map(|replica| replica.kind),
+        Some(ReplicaKind::Diskless)
+    );
+    assert!(one.is_primary(NodeId(1)));
+
+    let last = refused(&mut state, remove_replica_command("v", 3));
+    assert_eq!(
+        last,
+        CommandError::LastInSync {
+            name: "v".into(),
+            node: "n3".into()
+        }
+    );
+    assert!(last.to_string().contains("replica add"), "{last}");
+    assert_eq!(
+        refused(&mut state, remove_replica_command("v", 1)),
+        CommandError::NoDiskfulReplica {
+            name: "v".into(),
+            node: "n1".into()
+        }
+    );
+    assert_eq!(
+        refused(&mut state, remove_replica_command("nope", 1)),
+        CommandError::UnknownVolume {
+            name: "nope".into()
+        }
+    );
+}
+
+#[test]
+fn removing_a_replica_keeps_the_tiebreaker_parity() {
+    let mut state = cluster(&["za", "zb", "zc", "zd"]);
+    let three = created(apply_ok(
+        &mut state,
+        create_with("v", None, Some(&["n1", "n2", "n3"]), None),
+    ));
+    assert_eq!(three.voters().len(), 3);
+    let two = created(apply_ok(&mut state, remove_replica_command("v", 3)));
+    assert_eq!(diskful_nodes(&two), ids(&[1, 2]));
+    // Two diskful replicas get a tiebreaker, and not on the node that just
+    // gave its replica up.
+    let tiebreaker = two
+        .replicas
+        .iter()
+        .find(|replica| replica.kind == ReplicaKind::Tiebreaker)
+        .map(|replica| replica.node);
+    assert_eq!(tiebreaker, Some(NodeId(4)));
+    assert_eq!(two.quorum_size(), 2);
+    // Adding one back makes three: the tiebreaker goes.
+    let again = created(apply_ok(
+        &mut state,
+        add_replica_command("v", Some(3), None),
+    ));
+    assert_eq!(diskful_nodes(&again), ids(&[1, 2, 3]));
+    assert_eq!(again.replicas.len(), 3);
+    assert_eq!(again.in_sync, ids(&[1, 2]));
+}
+
+#[test]
+fn eviction_takes_the_evicted_node_out_of_in_sync_and_primaries() {
+    let mut state = cluster(&["za", "zb", "zc", "zd"]);
+    created(apply_ok(
+        &mut state,
+        create_with("v", None, Some(&["n1", "n2", "n3"]), None),
+    ));
+    report_all_ready(&mut state, "v");
+    apply_ok(&mut state, attach_command("v", 2, false));
+    set_offline(&mut state, 2);
+    apply_ok(
+        &mut state,
+        Command::EvictNode {
+            node: NodeId(2),
+            now_ms: T0,
+        },
+    );
+    let volume = &state.volumes[&vname("v")];
+    assert_eq!(diskful_nodes(volume), ids(&[1, 3, 4]));
+    assert_eq!(volume.in_sync, ids(&[1, 3]), "the new replica is empty");
+    assert!(volume.primaries.is_empty());
+    // Attaching elsewhere starts a new generation, fencing n2.
+    assert_eq!(
+        generation_of(apply_ok(&mut state, attach_command("v", 1, false))),
+        Generation(3)
+    );
+}
+
+#[test]
+fn eviction_keeps_the_only_up_to_date_replica() {
+    let mut state = cluster(&["za", "zb", "zc", "zd"]);
+    created(apply_ok(
+        &mut state,
+        create_with("v", None, Some(&["n1", "n2", "n3"]), None),
+    ));
+    report_all_ready(&mut state, "v");
+    apply_ok(&mut state, attach_command("v", 3, false));
+    apply_ok(&mut state, outdated_command("v", 2, 1, 3));
+    apply_ok(&mut state, outdated_command("v", 2, 2, 3));
+    apply_ok(&mut state, detach_command("v", None));
+    set_offline(&mut state, 3);
+    let before = state.volumes[&vname("v")].clone();
+    let reply = apply_ok(
+        &mut state,
+        Command::EvictNode {
+            node: NodeId(3),
+            now_ms: T0,
+        },
+    );
+    // n1 and n2 are ready but outdated: n3 holds the only current data.
+    assert_eq!(
+        reply,
+        Reply::Evicted {
+            replaced: Vec::new(),
+            degraded: vec![vname("v")]
+        }
+    );
+    assert_eq!(state.volumes[&vname("v")], before);
+}
+
+#[test]
+fn removing_a_node_guards_the_last_up_to_date_replica() {
+    let mut state = cluster(&["za", "zb", "zc"]);
+    created(apply_ok(&mut state, create_command("v", GIB)));
+    report_all_ready(&mut state, "v");
+    apply_ok(&mut state, attach_command("v", 1, false));
+    apply_ok(&mut state, outdated_command("v", 2, 2, 1));
+    // n1 goes (n3 is up to date): no longer primary nor in sync.
+    apply_ok(&mut state, Command::RemoveNode { node: NodeId(1) });
+    let volume = &state.volumes[&vname("v")];
+    assert!(volume.primaries.is_empty());
+    assert_eq!(volume.in_sync, ids(&[3]));
+    // n3 holds the last up-to-date replica, though n2's is ready.
+    let error = refused(&mut state, Command::RemoveNode { node: NodeId(3) });
+    assert_eq!(
+        error,
+        CommandError::LastReplica {
+            node: "n3".into(),
+            volumes: "v".into()
+        }
+    );
+}
+
+#[test]
+fn data_addresses_are_registered_and_updated() {
+    let mut state = cluster(&["za"]);
+    assert_eq!(state.nodes[&NodeId(1)].data_address, None);
+    let mut joining = registration("n2", None);
+    joining.data_address = Some("10.0.0.2:7451".into());
+    let id = added(apply_ok(
+        &mut state,
+        Command::AddNode {
+            node: joining,
+            nonce: "n2".into(),
+            now_ms: T0,
+        },
+    ));
+    assert_eq!(
+        state.nodes[&id].data_address.as_deref(),
+        Some("10.0.0.2:7451")
+    );
+    apply_ok(
+        &mut state,
+        Command::SetDataAddress {
+            node: NodeId(1),
+            data_address: Some("10.0.0.1:7451".into()),
+        },
+    );
+    assert_eq!(
+        state.nodes[&NodeId(1)].data_address.as_deref(),
+        Some("10.0.0.1:7451")
+    );
+    assert_eq!(
+        refused(
+            &mut state,
+            Command::SetDataAddress {
+                node: NodeId(9),
+                data_address: None
+            }
+        ),
+        CommandError::UnknownNode { node: NodeId(9) }
+    );
+}
+
+#[test]
+fn a_state_from_before_attach_loads_with_its_replicas_in_sync() {
+    let mut state = cluster(&["za", "zb", "zc"]);
+    created(apply_ok(&mut state, create_command("v", GIB)));
+    let mut json = serde_json::to_value(&state).unwrap();
+    // Remove what older versions did not write.
+    for node in json["nodes"].as_object_mut().unwrap().values_mut() {
+        node.as_object_mut().unwrap().remove("data_address");
+    }
+    let volume = json["volumes"]["v"].as_object_mut().unwrap();
+    for field in ["generation", "primaries", "in_sync"] {
+        assert!(volume.remove(field).is_some(), "{field}");
+    }
+    for replica in volume["replicas"].as_array_mut().unwrap() {
+        replica.as_object_mut().unwrap().remove("sync");
+    }
+    let old: ClusterState = serde_json::from_value(json).unwrap();
+    assert_eq!(old, state);
+    assert_eq!(old.check_invariants(), Ok(()));
+    let volume = &old.volumes[&vname("v")];
+    assert_eq!(volume.generation, Generation(1));
+    assert_eq!(volume.in_sync, diskful_nodes(volume));
+}
+
+// ---------------------------------------------------------------------------
 // Random command sequences.
 // ---------------------------------------------------------------------------
 
@@ -1153,7 +1912,7 @@ fn command(now: u64) -> impl Strategy<Value = Command> {
     let volume = (0..VOLUMES.len()).prop_map(|index| vname(VOLUMES[index]));
     let size =
         prop_oneof![1 => Just(0u64), 2 => Just(GIB), 2 => Just(10 * GIB), 4 => 1u64..(100 * GIB)];
-    prop_oneof![
+    let base = prop_oneof![
         1 => (0..NODES.len(), prop::option::of(0..ZONES.len())).prop_map(move |(name, zone)| {
             Command::Bootstrap {
                 cluster_id: "again".into(),
@@ -1232,6 +1991,94 @@ fn command(now: u64) -> impl Strategy<Value = Command> {
             }
         }),
         2 => node_id().prop_map(move |node| Command::EvictNode { node, now_ms: now }),
+        1 => (node_id(), prop::option::of(0u16..3)).prop_map(|(node, port)| {
+            Command::SetDataAddress {
+                node,
+                data_address: port.map(|port| format!("10.0.0.{node}:{}", 7451 + port)),
+            }
+        }),
+    ]
+    .boxed();
+    // Weighted as if all were one list: 35 for the commands above.
+    prop::strategy::Union::new_weighted(vec![
+        (35, base),
+        (13, attach_command_strategy(now).boxed()),
+        (6, replica_command_strategy(now).boxed()),
+    ])
+}
+
+/// Attach, reattach, detach and the in-sync set. Generations stay small so
+/// that the current one is often hit.
+fn attach_command_strategy(now: u64) -> impl Strategy<Value = Command> {
+    let volume = (0..VOLUMES.len()).prop_map(|index| vname(VOLUMES[index]));
+    let generation = (1u64..6).prop_map(Generation);
+    prop_oneof![
+        4 => (volume.clone(), node_id(), prop::bool::weighted(0.3)).prop_map(
+            move |(name, node, allow_two_primaries)| Command::AttachVolume {
+                name,
+                node,
+                allow_two_primaries,
+                now_ms: now,
+            }
+        ),
+        1 => (volume.clone(), node_id()).prop_map(move |(name, node)| {
+            Command::ReattachVolume {
+                name,
+                node,
+                now_ms: now,
+            }
+        }),
+        2 => (volume.clone(), prop::option::of(node_id()))
+            .prop_map(|(name, node)| Command::DetachVolume { name, node }),
+        3 => (volume.clone(), generation.clone(), node_id(), node_id()).prop_map(
+            |(name, generation, node, by)| Command::MarkOutdated {
+                name,
+                generation,
+                node,
+                by,
+            }
+        ),
+        3 => (volume, generation, node_id(), node_id()).prop_map(
+            |(name, generation, node, by)| Command::MarkInSync {
+                name,
+                generation,
+                node,
+                by,
+            }
+        ),
+    ]
+}
+
+/// Resync reports and adding or removing replicas.
+fn replica_command_strategy(now: u64) -> impl Strategy<Value = Command> {
+    let volume = (0..VOLUMES.len()).prop_map(|index| vname(VOLUMES[index]));
+    let progress = (0u64..=GIB, 0u64..(1 << 30)).prop_map(move |(done_bytes, rate)| SyncProgress {
+        done_bytes,
+        total_bytes: GIB,
+        rate_bytes_per_sec: rate,
+        reported_ms: now,
+    });
+    prop_oneof![
+        2 => (volume.clone(), node_id(), prop::option::of(progress)).prop_map(
+            |(name, node, progress)| Command::ReportSync {
+                name,
+                node,
+                progress,
+            }
+        ),
+        2 => (
+            volume.clone(),
+            prop::option::of(node_id()),
+            prop::option::weighted(0.2, 0..POOLS.len()),
+        )
+            .prop_map(move |(name, node, pool)| Command::AddReplica {
+                name,
+                node,
+                pool: pool.map(|pool| pname(POOLS[pool])),
+                now_ms: now,
+            }),
+        2 => (volume, node_id())
+            .prop_map(|(name, node)| Command::RemoveReplica { name, node }),
     ]
 }
 
@@ -1310,6 +2157,311 @@ proptest! {
             prop_assert_eq!(&first, &second);
         }
         // Snapshots carry the state as JSON: it must come back equal.
+        let encoded = serde_json::to_vec(&first).unwrap();
+        let decoded: ClusterState = serde_json::from_slice(&encoded).unwrap();
+        prop_assert_eq!(decoded, first);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Random attach / resync histories. The plain random commands above rarely
+// name a volume's current primary and generation, so these sequences pick
+// them from the state they are applied to: a command of the current primary
+// at the current generation, or on purpose a stale or foreign one.
+// ---------------------------------------------------------------------------
+
+/// A command described relative to the state it will be applied to.
+#[derive(Debug, Clone)]
+enum Intent {
+    Create {
+        volume: usize,
+        replicas: usize,
+    },
+    Delete {
+        volume: usize,
+    },
+    ReportReady {
+        volume: usize,
+    },
+    Attach {
+        volume: usize,
+        node: usize,
+        two: bool,
+    },
+    Reattach {
+        volume: usize,
+        node: usize,
+    },
+    Detach {
+        volume: usize,
+        node: Option<usize>,
+    },
+    /// `back` generations behind the current one; `by_primary` picks a
+    /// current primary as the proposer, else any node.
+    Outdate {
+        volume: usize,
+        replica: usize,
+        back: u64,
+        by_primary: bool,
+        by: usize,
+    },
+    InSync {
+        volume: usize,
+        replica: usize,
+        back: u64,
+        by_primary: bool,
+        by: usize,
+    },
+    Sync {
+        volume: usize,
+        replica: usize,
+        done: Option<u64>,
+    },
+    AddReplica {
+        volume: usize,
+        node: Option<usize>,
+    },
+    RemoveReplica {
+        volume: usize,
+        node: usize,
+    },
+    SetState {
+        node: usize,
+        online: bool,
+    },
+    Evict {
+        node: usize,
+    },
+    RemoveNode {
+        node: usize,
+    },
+}
+
+fn intent() -> impl Strategy<Value = Intent> {
+    let volume = 0..3usize;
+    let index = 0..8usize;
+    let back = prop_oneof![6 => Just(0u64), 1 => 1u64..3];
+    prop_oneof![
+        3 => (volume.clone(), 1usize..4).prop_map(|(volume, replicas)| Intent::Create { volume, replicas }),
+        1 => volume.clone().prop_map(|volume| Intent::Delete { volume }),
+        2 => volume.clone().prop_map(|volume| Intent::ReportReady { volume }),
+        4 => (volume.clone(), index.clone(), prop::bool::weighted(0.3))
+            .prop_map(|(volume, node, two)| Intent::Attach { volume, node, two }),
+        1 => (volume.clone(), index.clone()).prop_map(|(volume, node)| Intent::Reattach { volume, node }),
+        2 => (volume.clone(), prop::option::of(index.clone()))
+            .prop_map(|(volume, node)| Intent::Detach { volume, node }),
+        4 => (volume.clone(), index.clone(), back.clone(), prop::bool::weighted(0.8), index.clone()).prop_map(
+            |(volume, replica, back, by_primary, by)| Intent::Outdate { volume, replica, back, by_primary, by }
+        ),
+        3 => (volume.clone(), index.clone(), back, prop::bool::weighted(0.8), index.clone()).prop_map(
+            |(volume, replica, back, by_primary, by)| Intent::InSync { volume, replica, back, by_primary, by }
+        ),
+        2 => (volume.clone(), index.clone(), prop::option::of(0u64..=GIB))
+            .prop_map(|(volume, replica, done)| Intent::Sync { volume, replica, done }),
+        2 => (volume.clone(), prop::option::of(index.clone()))
+            .prop_map(|(volume, node)| Intent::AddReplica { volume, node }),
+        2 => (volume, index.clone()).prop_map(|(volume, node)| Intent::RemoveReplica { volume, node }),
+        2 => (index.clone(), any::<bool>()).prop_map(|(node, online)| Intent::SetState { node, online }),
+        1 => index.clone().prop_map(|node| Intent::Evict { node }),
+        1 => index.prop_map(|node| Intent::RemoveNode { node }),
+    ]
+}
+
+/// Turns an intent into a command against `state`.
+fn resolve(state: &ClusterState, intent: &Intent) -> Command {
+    let pick = |list: &[NodeId], index: usize| {
+        if list.is_empty() {
+            NodeId(index as u64 + 1)
+        } else {
+            list[index % list.len()]
+        }
+    };
+    let nodes: Vec<NodeId> = state.nodes.keys().copied().collect();
+    let name = |volume: usize| vname(VOLUMES[volume]);
+    let record = |volume: usize| state.volumes.get(&name(volume));
+    let diskful = |volume: usize| -> Vec<NodeId> {
+        record(volume)
+            .map(|record| record.diskful().map(|replica| replica.node).collect())
+            .unwrap_or_default()
+    };
+    let primaries = |volume: usize| -> Vec<NodeId> {
+        record(volume)
+            .map(|record| {
+                record
+                    .primaries
+                    .iter()
+                    .map(|primary| primary.node)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let generation = |volume: usize, back: u64| {
+        let current = record(volume)
+            .map(|record| record.generation.0)
+            .unwrap_or(1);
+        Generation(current.saturating_sub(back).max(1))
+    };
+    let by = |volume: usize, by_primary: bool, by: usize| {
+        let primaries = primaries(volume);
+        if by_primary && !primaries.is_empty() {
+            pick(&primaries, by)
+        } else {
+            pick(&nodes, by)
+        }
+    };
+    match intent.clone() {
+        Intent::Create { volume, replicas } => {
+            create_with(VOLUMES[volume], Some(replicas), None, None)
+        }
+        Intent::Delete { volume } => Command::DeleteVolume { name: name(volume) },
+        Intent::ReportReady { volume } => {
+            let replica = diskful(volume).into_iter().find(|node| {
+                record(volume)
+                    .and_then(|record| record.replica(*node))
+                    .is_some_and(|replica| replica.observed != ReplicaObserved::Ready)
+            });
+            Command::ReportReplica {
+                volume: name(volume),
+                volume_id: record(volume).map(|record| record.id).unwrap_or(1),
+                node: replica.unwrap_or(NodeId(1)),
+                observed: ReplicaObserved::Ready,
+                allocated_bytes: 0,
+            }
+        }
+        Intent::Attach { volume, node, two } => Command::AttachVolume {
+            name: name(volume),
+            node: pick(&nodes, node),
+            allow_two_primaries: two,
+            now_ms: T0,
+        },
+        Intent::Reattach { volume, node } => Command::ReattachVolume {
+            name: name(volume),
+            node: pick(&primaries(volume), node),
+            now_ms: T0,
+        },
+        Intent::Detach { volume, node } => Command::DetachVolume {
+            name: name(volume),
+            node: node.map(|node| pick(&primaries(volume), node)),
+        },
+        Intent::Outdate {
+            volume,
+            replica,
+            back,
+            by_primary,
+            by: proposer,
+        } => Command::MarkOutdated {
+            name: name(volume),
+            generation: generation(volume, back),
+            node: pick(&diskful(volume), replica),
+            by: by(volume, by_primary, proposer),
+        },
+        Intent::InSync {
+            volume,
+            replica,
+            back,
+            by_primary,
+            by: proposer,
+        } => Command::MarkInSync {
+            name: name(volume),
+            generation: generation(volume, back),
+            node: pick(&diskful(volume), replica),
+            by: by(volume, by_primary, proposer),
+        },
+        Intent::Sync {
+            volume,
+            replica,
+            done,
+        } => Command::ReportSync {
+            name: name(volume),
+            node: pick(&diskful(volume), replica),
+            progress: done.map(|done_bytes| SyncProgress {
+                done_bytes,
+                total_bytes: GIB,
+                rate_bytes_per_sec: 1 << 20,
+                reported_ms: T0,
+            }),
+        },
+        Intent::AddReplica { volume, node } => Command::AddReplica {
+            name: name(volume),
+            node: node.map(|node| pick(&nodes, node)),
+            pool: None,
+            now_ms: T0,
+        },
+        Intent::RemoveReplica { volume, node } => Command::RemoveReplica {
+            name: name(volume),
+            node: pick(&diskful(volume), node),
+        },
+        Intent::SetState { node, online } => Command::SetNodeState {
+            node: pick(&nodes, node),
+            state: if online {
+                NodeState::Online
+            } else {
+                NodeState::Offline
+            },
+            now_ms: T0,
+        },
+        Intent::Evict { node } => Command::EvictNode {
+            node: pick(&nodes, node),
+            now_ms: T0,
+        },
+        Intent::RemoveNode { node } => Command::RemoveNode {
+            node: pick(&nodes, node),
+        },
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn random_attach_histories_keep_the_fence_and_the_invariants(
+        intents in prop::collection::vec(intent(), 1..80),
+    ) {
+        let mut first = cluster(&["za", "zb", "zc", "zd", "ze"]);
+        let mut second = first.clone();
+        for intent in intents {
+            let command = resolve(&first, &intent);
+            let before = first.clone();
+            let result = first.apply(command.clone());
+            prop_assert_eq!(first.check_invariants(), Ok(()));
+            if let Err(error) = &result {
+                prop_assert_eq!(&before, &first, "refused {:?} ({}) changed the state", command, error);
+            }
+            prop_assert_eq!(&result, &second.apply(command.clone()));
+            prop_assert_eq!(&first, &second);
+
+            // Generations never go back, and move only by an attach with no
+            // primary or a reattach, by one.
+            for (name, after) in &first.volumes {
+                let Some(earlier) = before.volumes.get(name).filter(|v| v.id == after.id) else {
+                    continue;
+                };
+                let moved = after.generation.0 - earlier.generation.0;
+                let allowed = match &command {
+                    Command::AttachVolume { name: target, .. } if target == name && earlier.primaries.is_empty() => 1,
+                    Command::ReattachVolume { name: target, .. } if target == name => 1,
+                    _ => 0,
+                };
+                prop_assert!(after.generation >= earlier.generation);
+                prop_assert!(moved == allowed || (moved == 0 && result.is_err()),
+                    "{:?} moved the generation of {} by {}", command, name, moved);
+            }
+            // The fence: a stale generation or a non-primary never changes
+            // the in-sync set.
+            if let Command::MarkOutdated { name, generation, by, .. }
+                | Command::MarkInSync { name, generation, by, .. } = &command
+            {
+                if let Some(volume) = before.volumes.get(name) {
+                    if *generation != volume.generation {
+                        let stale = matches!(result, Err(CommandError::StaleGeneration { .. }));
+                        prop_assert!(stale, "{:?} gave {:?}", command, result);
+                    } else if !volume.is_primary(*by) {
+                        let foreign = matches!(result, Err(CommandError::NotPrimary { .. }));
+                        prop_assert!(foreign, "{:?} gave {:?}", command, result);
+                    }
+                }
+            }
+        }
         let encoded = serde_json::to_vec(&first).unwrap();
         let decoded: ClusterState = serde_json::from_slice(&encoded).unwrap();
         prop_assert_eq!(decoded, first);

@@ -1357,6 +1357,7 @@ impl Sim {
             name: NodeName::new(name).expect("simulated node names are valid"),
             api_address: format!("{name}.sim:7070"),
             nbd_address: None,
+            data_address: None,
             labels: BTreeMap::from([("zone".to_string(), zone.to_string())]),
         }
     }
@@ -1980,6 +1981,40 @@ fn describe(command: &Command) -> String {
         }
         Command::SetSettings { settings } => format!("settings {settings:?}"),
         Command::Bootstrap { cluster_id, .. } => format!("bootstrap {cluster_id}"),
+        Command::SetDataAddress { node, data_address } => {
+            format!("node {node} data address {data_address:?}")
+        }
+        Command::AttachVolume {
+            name,
+            node,
+            allow_two_primaries,
+            ..
+        } => format!("attach {name} on node {node} (two primaries: {allow_two_primaries})"),
+        Command::ReattachVolume { name, node, .. } => format!("reattach {name} on node {node}"),
+        Command::DetachVolume { name, node } => format!("detach {name} from {node:?}"),
+        Command::MarkOutdated {
+            name,
+            generation,
+            node,
+            by,
+        } => format!("node {by} marks {name} on node {node} outdated (generation {generation})"),
+        Command::MarkInSync {
+            name,
+            generation,
+            node,
+            by,
+        } => format!("node {by} marks {name} on node {node} in sync (generation {generation})"),
+        Command::ReportSync {
+            name,
+            node,
+            progress,
+        } => format!("resync of {name} on node {node}: {progress:?}"),
+        Command::AddReplica {
+            name, node, pool, ..
+        } => format!("add a replica of {name} (node {node:?}, pool {pool:?})"),
+        Command::RemoveReplica { name, node } => {
+            format!("remove the replica of {name} on node {node}")
+        }
     }
 }
 
