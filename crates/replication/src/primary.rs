@@ -18,7 +18,22 @@
 //!   them in the same order.
 //! - Every write made while a member is not up to date marks its regions in
 //!   that member's dirty map, persisted before the write completes, so a
-//!   returning member copies only those regions.
+//!   returning member copies only those regions. A map is trusted only by
+//!   the generation right after the one that wrote it (a primary in between
+//!   wrote without it), and a member that restarted while we did not know
+//!   everything it held unflushed copies every region.
+//! - An acknowledgement counts only while its link lives (a member whose
+//!   link drops may have lost what it did not flush); a member that
+//!   reconnects gets the pending writes and flushes it did not acknowledge.
+//! - A write that fails after some member applied it stays unsettled for
+//!   the replicas as long as this engine runs: the next primary reconciles
+//!   its regions. Members not waited for (resyncing) copy them again.
+//! - The last up-to-date member, which the control plane refuses to
+//!   outdate, stays the truth when it comes back: the writes it missed fail
+//!   and every other member copies from it what may differ.
+//! - A member that restarted while in the set gets no writes and serves no
+//!   reads until it is outdated; a `MarkInSync` waits while a `MarkOutdated`
+//!   of the same member may still commit.
 
 use crate::message::{FromReplica, Payload, ReadData, ReplicaError, ToReplica};
 use crate::regions::{region_range, regions_of, RegionSet, REGION_BYTES};
@@ -47,6 +62,9 @@ pub const RECONCILE_WAIT_MS: u64 = 3_000;
 pub const NO_QUORUM_FAIL_MS: u64 = 8_000;
 /// How often a failed control-plane proposal is retried.
 pub const PROPOSAL_RETRY_MS: u64 = 500;
+/// The checksum granularity of the replicas' stores: a failed multi-block
+/// copy is retried block by block.
+const BLOCK_BYTES: u64 = 4096;
 /// How often resync progress is reported.
 pub const PROGRESS_EVERY_MS: u64 = 1_000;
 
@@ -278,6 +296,7 @@ impl Backlog {
 }
 
 #[derive(Debug)]
+#[allow(clippy::enum_variant_names)]
 enum Sync {
     InSync,
     Outdated {
@@ -313,7 +332,24 @@ struct Member {
     flushing: Vec<(u64, RegionSet)>,
     /// Regions it may have lost while it is in the set but being outdated.
     lost: RegionSet,
+    /// `unflushed` and `flushing` name everything it may hold unflushed: a
+    /// flush this engine sent after its welcome succeeded. Until then it
+    /// may also hold unflushed writes of former primaries.
+    tracked: bool,
+    /// The sequence counter at its last welcome.
+    welcomed_at: u64,
+    /// It restarted and may have lost unflushed writes nobody can name:
+    /// when it is outdated, it copies every region.
+    full_resync: bool,
+    /// In the set, but back from a restart: it must be outdated before it
+    /// gets writes or serves reads.
+    damaged: bool,
+    /// What its last welcome said.
+    intact: bool,
     outdating: Option<u64>,
+    /// The control plane refused `outdating`: it is the last up-to-date
+    /// member.
+    outdate_refused: bool,
     joining_proposal: Option<u64>,
     /// Persisted map's generation, when one exists for it.
     map_since: Option<Generation>,
@@ -333,7 +369,13 @@ impl Member {
             unflushed: RegionSet::new(),
             flushing: Vec::new(),
             lost: RegionSet::new(),
+            tracked: false,
+            welcomed_at: 0,
+            full_resync: false,
+            damaged: false,
+            intact: false,
             outdating: None,
+            outdate_refused: false,
             joining_proposal: None,
             map_since: None,
             written_during_sync: RegionSet::new(),
@@ -356,7 +398,7 @@ impl Member {
 
     /// Receives writes.
     fn takes_writes(&self) -> bool {
-        self.is_up() && !matches!(self.sync, Sync::Outdated { .. })
+        self.is_up() && !self.damaged && !matches!(self.sync, Sync::Outdated { .. })
     }
 }
 
@@ -372,6 +414,9 @@ struct PendingWrite {
     purpose: Purpose,
     range: (u64, u64),
     flush: bool,
+    /// What a write carries (and whether it is FUA), to send it again to a
+    /// member that reconnects before acknowledging it.
+    payload: Option<(Payload, bool)>,
     needed: BTreeSet<NodeId>,
     acked: BTreeSet<NodeId>,
     errors: Vec<(NodeId, ReplicaError)>,
@@ -394,6 +439,9 @@ enum Phase {
     Reconciling {
         since_ms: u64,
         welcomes: BTreeMap<NodeId, (bool, RegionSet)>,
+        /// Regions of former primaries' unsettled writes, as reported.
+        /// Kept when a member's link drops: it cannot report them again.
+        unsettled: RegionSet,
     },
     /// Copying the regions some members may hold differently.
     Copying {
@@ -425,9 +473,30 @@ pub struct Primary {
     queue: VecDeque<(OpId, ClientRequest)>,
     /// Regions a resync is reading: writes to them wait.
     resync_locks: BTreeSet<u64>,
+    /// Failed writes some members may still apply, with those members:
+    /// `settled` stays below them.
+    failed_in_flight: BTreeMap<u64, BTreeSet<NodeId>>,
+    /// The oldest failed write some member applied: `settled` never passes
+    /// it while this engine runs.
+    unsettled_floor: Option<u64>,
+    /// Reconcile copies whose source is gone and no other could serve:
+    /// the tick sends them again.
+    stalled_reads: Vec<(u64, PendingRead)>,
+    /// Sources whose read of a region failed (a bad block, a device
+    /// error): the region is read elsewhere, or from them again after the
+    /// next tick, never in a tight loop.
+    resync_failed: BTreeMap<u64, BTreeSet<NodeId>>,
+    /// Of those, the ones whose copy failed its checksum: repaired when
+    /// another source supplies the region.
+    resync_corrupt: BTreeMap<u64, BTreeSet<NodeId>>,
     proposals: BTreeMap<u64, (Proposal, u64)>,
     persist_next: u64,
     persisted_through: u64,
+    /// Dirty maps reconciliation changed: serving waits for them.
+    serve_after: u64,
+    /// The regions reconciliation copies (while `Phase::Copying`): a member
+    /// outdated meanwhile may not have got them.
+    copying: RegionSet,
     resync_tokens: f64,
     last_tick_ms: u64,
     last_progress_ms: u64,
@@ -444,10 +513,18 @@ impl Primary {
     pub fn new(config: Config, now_ms: u64) -> Primary {
         let mut members = BTreeMap::new();
         for &node in &config.view.diskful {
+            // A map names what this node's engine wrote while the peer was
+            // away; a primary of a generation in between (on another node)
+            // wrote without it, so only a map of the generation just
+            // before ours is complete.
+            let map = config
+                .dirty_maps
+                .get(&node)
+                .filter(|map| map.since.next() == config.view.generation);
             let sync = if config.view.in_sync.contains(&node) {
                 Sync::InSync
             } else {
-                let backlog = match config.dirty_maps.get(&node) {
+                let backlog = match map {
                     Some(map) if !map.full => Backlog {
                         set: map.regions.clone(),
                         sweep: None,
@@ -457,7 +534,7 @@ impl Primary {
                 Sync::Outdated { backlog }
             };
             let mut member = Member::new(Kind::Diskful, sync);
-            member.map_since = config.dirty_maps.get(&node).map(|map| map.since);
+            member.map_since = map.map(|map| map.since);
             members.insert(node, member);
         }
         for &node in &config.view.tiebreakers {
@@ -473,15 +550,23 @@ impl Primary {
             phase: Phase::Reconciling {
                 since_ms: now_ms,
                 welcomes: BTreeMap::new(),
+                unsettled: RegionSet::new(),
             },
             next_seq: 1,
             writes: BTreeMap::new(),
             reads: BTreeMap::new(),
             queue: VecDeque::new(),
             resync_locks: BTreeSet::new(),
+            failed_in_flight: BTreeMap::new(),
+            unsettled_floor: None,
+            stalled_reads: Vec::new(),
+            resync_failed: BTreeMap::new(),
+            resync_corrupt: BTreeMap::new(),
             proposals: BTreeMap::new(),
             persist_next: 1,
             persisted_through: 0,
+            serve_after: 0,
+            copying: RegionSet::new(),
             resync_tokens: 0.0,
             last_tick_ms: now_ms,
             last_progress_ms: now_ms,
@@ -516,7 +601,7 @@ impl Primary {
         self.members
             .iter()
             .filter(|(_, m)| m.kind == Kind::Diskful && matches!(m.sync, Sync::InSync))
-            .filter(|(_, m)| m.is_up() && m.outdating.is_none())
+            .filter(|(_, m)| m.is_up() && m.outdating.is_none() && !m.damaged)
             .map(|(&node, _)| node)
             .collect()
     }
@@ -655,11 +740,20 @@ impl Primary {
             ProposalResult::Refused(message) => match proposal {
                 Proposal::MarkOutdated { node } => {
                     // The set would have become empty: the write that needs
-                    // this member cannot complete. Keep trying; the
-                    // io-error policy fails such writes after a while.
+                    // this member cannot complete. Keep trying (another
+                    // member may join meanwhile); the io-error policy fails
+                    // such writes after a while. Should the member come
+                    // back first, it stays in the set (`keep_last_member`).
                     let _ = message;
                     self.proposals
                         .insert(id, (Proposal::MarkOutdated { node }, now_ms));
+                    if let Some(member) = self.members.get_mut(&node) {
+                        if member.outdating == Some(id) {
+                            member.outdate_refused = true;
+                            // Perhaps it is back already.
+                            self.keep_if_back(node);
+                        }
+                    }
                 }
                 Proposal::MarkInSync { node } => {
                     if let Some(member) = self.members.get_mut(&node) {
@@ -667,6 +761,13 @@ impl Primary {
                         member.sync = Sync::Outdated {
                             backlog: Backlog::full(),
                         };
+                        // Outdated members resync after their next welcome:
+                        // a linked one must reconnect, or it never would.
+                        if member.is_up() {
+                            self.actions.push(Action::Reset { to: node });
+                            self.lose_link(node);
+                        }
+                        self.persist_map(node);
                     }
                 }
                 Proposal::Progress { .. } => {}
@@ -695,23 +796,19 @@ impl Primary {
             Kind::Tiebreaker => tiebreakers.contains(node),
         });
         for &node in &diskful {
-            if !self.members.contains_key(&node) {
-                self.members.insert(
-                    node,
-                    Member::new(
-                        Kind::Diskful,
-                        Sync::Outdated {
-                            backlog: Backlog::full(),
-                        },
-                    ),
-                );
+            if let std::collections::btree_map::Entry::Vacant(entry) = self.members.entry(node) {
+                entry.insert(Member::new(
+                    Kind::Diskful,
+                    Sync::Outdated {
+                        backlog: Backlog::full(),
+                    },
+                ));
                 self.actions.push(Action::Connect { to: node });
             }
         }
         for &node in &tiebreakers {
-            if !self.members.contains_key(&node) {
-                self.members
-                    .insert(node, Member::new(Kind::Tiebreaker, Sync::InSync));
+            if let std::collections::btree_map::Entry::Vacant(entry) = self.members.entry(node) {
+                entry.insert(Member::new(Kind::Tiebreaker, Sync::InSync));
                 self.actions.push(Action::Connect { to: node });
             }
         }
@@ -743,6 +840,10 @@ impl Primary {
         self.last_tick_ms = now_ms;
         if self.is_stopped() {
             return;
+        }
+        self.resync_failed.clear();
+        if self.resync_corrupt.len() > 1024 {
+            self.resync_corrupt.clear();
         }
         if self.resync_rate > 0 {
             let cap = (RESYNC_WINDOW as u64 * REGION_BYTES).max(self.resync_rate / 4) as f64;
@@ -783,6 +884,27 @@ impl Primary {
                 proposal: entry.0.clone(),
             });
         }
+        // Copied members whose MarkInSync had to wait.
+        let joining: Vec<NodeId> = self
+            .members
+            .iter()
+            .filter(|(_, m)| matches!(m.sync, Sync::Joining { flush: None }))
+            .map(|(&n, _)| n)
+            .collect();
+        for node in joining {
+            self.propose_joining(node);
+        }
+        // Reconcile copies that lost their source.
+        for (id, mut read) in std::mem::take(&mut self.stalled_reads) {
+            match self.readable_members().into_iter().next() {
+                Some(source) => {
+                    read.source = source;
+                    read.bad.clear();
+                    self.send_read(id, read);
+                }
+                None => self.stalled_reads.push((id, read)),
+            }
+        }
         // Reconciling: silent up-to-date members are outdated.
         if let Phase::Reconciling { since_ms, .. } = self.phase {
             if now_ms.saturating_sub(since_ms) > RECONCILE_WAIT_MS {
@@ -812,6 +934,8 @@ impl Primary {
                 .collect();
             for seq in expired {
                 let write = self.writes.remove(&seq).expect("listed");
+                self.abandon(seq, &write.acked);
+                self.copy_again(write.range);
                 if let Purpose::Client(op) = write.purpose {
                     self.actions.push(Action::Complete {
                         op,
@@ -944,19 +1068,43 @@ impl Primary {
         if member.kind == Kind::Tiebreaker {
             return;
         }
+        member.welcomed_at = self.next_seq;
+        member.intact = intact;
+        if !intact && !member.tracked {
+            // It restarted, and lost what it had not flushed, including
+            // writes of former primaries we know nothing about.
+            member.full_resync = true;
+        }
+        if !intact
+            && matches!(member.sync, Sync::InSync | Sync::Joining { .. })
+            && !matches!(self.phase, Phase::Reconciling { .. })
+        {
+            // In the set (or about to be), yet it restarted: it gets no
+            // write until it is outdated (a write would make it claim to
+            // be intact to the next primary).
+            member.damaged = true;
+        }
+        if let Phase::Reconciling {
+            unsettled: reported,
+            ..
+        } = &mut self.phase
+        {
+            // Only a member new to this generation tells us about a former
+            // primary's unsettled writes, whatever we think of it.
+            if previous < generation {
+                reported.union_with(&unsettled);
+            }
+        }
+        if self.keep_if_back(from) {
+            return;
+        }
+        let member = self.members.get_mut(&from).expect("checked");
         match &mut member.sync {
             Sync::InSync if member.outdating.is_none() => {
                 if let Phase::Reconciling { welcomes, .. } = &mut self.phase {
-                    // Only a member new to this generation tells us about
-                    // a former primary's unsettled writes.
-                    let fresh = previous < generation;
-                    welcomes.insert(
-                        from,
-                        (
-                            intact || !fresh,
-                            if fresh { unsettled } else { RegionSet::new() },
-                        ),
-                    );
+                    // One that restarted may lack acknowledged writes, even
+                    // if it already welcomed us before: it is not trusted.
+                    welcomes.insert(from, (intact, RegionSet::new()));
                 } else {
                     // Back while serving: whatever it missed in between is
                     // unknown to it; take it through the outdated path.
@@ -965,7 +1113,9 @@ impl Primary {
             }
             Sync::InSync => {}
             Sync::Outdated { backlog } => {
-                let partial = member.map_since == Some(previous) && !was_primary;
+                let partial =
+                    member.map_since == Some(previous) && !was_primary && !member.full_resync;
+                member.full_resync = false;
                 let mut backlog = if partial {
                     std::mem::take(backlog)
                 } else {
@@ -995,15 +1145,82 @@ impl Primary {
             }
             Sync::Resyncing { .. } | Sync::Joining { .. } => {}
         }
+        self.resend_pending(from);
+    }
+
+    /// A member that (re)connects gets the writes and flushes still pending
+    /// that it has not acknowledged: they were sent on a link that broke,
+    /// or not at all. Without them, a write waiting for its acknowledgement
+    /// (for the quorum, or because it is needed) would wait forever.
+    fn resend_pending(&mut self, node: NodeId) {
+        if !self
+            .members
+            .get(&node)
+            .is_some_and(|m| m.kind == Kind::Diskful && m.takes_writes())
+        {
+            return;
+        }
+        // What it failed on the link it had, it may apply on this one.
+        for write in self.writes.values_mut() {
+            write.errors.retain(|(n, _)| *n != node);
+        }
+        type Resend = (u64, Option<(u64, Payload, bool)>);
+        let pending: Vec<Resend> = self
+            .writes
+            .iter()
+            .filter(|(_, w)| !w.acked.contains(&node))
+            .filter_map(|(&seq, w)| {
+                if w.flush {
+                    Some((seq, None))
+                } else {
+                    w.payload
+                        .as_ref()
+                        .map(|(payload, fua)| (seq, Some((w.range.0, payload.clone(), *fua))))
+                }
+            })
+            .collect();
+        for (seq, write) in pending {
+            match write {
+                Some((offset, payload, fua)) => self.send_write(node, seq, offset, &payload, fua),
+                None => {
+                    let now = self.now_ms;
+                    let member = self.members.get_mut(&node).expect("checked");
+                    let regions = std::mem::take(&mut member.unflushed);
+                    member.flushing.push((seq, regions));
+                    member.unacked.insert(seq, (0, 0, now, 0));
+                    self.actions.push(Action::Send {
+                        to: node,
+                        message: ToReplica::Flush { seq },
+                    });
+                }
+            }
+        }
     }
 
     fn on_ack(&mut self, from: NodeId, seq: u64, result: Result<(), ReplicaError>) {
+        if let Some(waiting) = self.failed_in_flight.get_mut(&seq) {
+            waiting.remove(&from);
+            if waiting.is_empty() {
+                self.failed_in_flight.remove(&seq);
+            }
+            if result.is_ok() {
+                // It applied a write that failed.
+                self.pin_unsettled(seq);
+            }
+        }
         let member = self.members.get_mut(&from).expect("checked");
         if let Some((_, _, _, bytes)) = member.unacked.remove(&seq) {
             member.unacked_bytes -= bytes;
         }
-        // A flush makes what was sent before it durable.
-        member.flushing.retain(|(flush, _)| *flush > seq);
+        // A flush makes what was sent before it durable (and every earlier
+        // flush's regions with it). Only its own acknowledgement says so:
+        // a write sent after it may complete first.
+        if result.is_ok() && member.flushing.iter().any(|(flush, _)| *flush == seq) {
+            member.flushing.retain(|(flush, _)| *flush > seq);
+            if seq > member.welcomed_at {
+                member.tracked = true;
+            }
+        }
         let mut resync_region = None;
         let mut joined = false;
         match &mut member.sync {
@@ -1033,16 +1250,25 @@ impl Primary {
             return;
         }
         if joined {
-            let id = self.id();
-            let member = self.members.get_mut(&from).expect("checked");
-            member.joining_proposal = Some(id);
-            self.propose(id, Proposal::MarkInSync { node: from });
+            if let Some(member) = self.members.get_mut(&from) {
+                member.sync = Sync::Joining { flush: None };
+            }
+            self.propose_joining(from);
             return;
         }
         if let Some(write) = self.writes.get_mut(&seq) {
             match result {
                 Ok(()) => {
                     write.acked.insert(from);
+                    // Members that failed it when nobody else had it yet
+                    // are out of date now that someone has.
+                    let failed: Vec<NodeId> = write.errors.iter().map(|(n, _)| *n).collect();
+                    for node in failed {
+                        if self.members.get(&node).is_some_and(|m| m.is_up()) {
+                            self.actions.push(Action::Reset { to: node });
+                            self.lose_link(node);
+                        }
+                    }
                 }
                 Err(error) => {
                     write.errors.push((from, error.clone()));
@@ -1104,7 +1330,12 @@ impl Primary {
                     return;
                 }
                 if !read.bad.is_empty() {
-                    self.repair(read.offset, data, std::mem::take(&mut read.bad));
+                    self.repair(
+                        read.offset,
+                        read.length,
+                        data,
+                        std::mem::take(&mut read.bad),
+                    );
                 }
             }
             Err(error) => {
@@ -1139,9 +1370,36 @@ impl Primary {
                                     "no up-to-date replica could serve the read; the last said: {error}"
                                 ))),
                             });
+                        } else if read.length > BLOCK_BYTES
+                            && matches!(error, ReplicaError::Checksum(_))
+                            && !self.readable_members().is_empty()
+                        {
+                            // Every source has a bad block in the range, but
+                            // perhaps not the same one: copy block by block.
+                            let blocks = read.length.div_ceil(BLOCK_BYTES);
+                            if let Phase::Copying { remaining } = &mut self.phase {
+                                *remaining += blocks as usize - 1;
+                            }
+                            for index in 0..blocks {
+                                let offset = read.offset + index * BLOCK_BYTES;
+                                let length = BLOCK_BYTES.min(read.offset + read.length - offset);
+                                let id = self.id();
+                                let source = self.resync_sources()[0];
+                                self.send_read(
+                                    id,
+                                    PendingRead {
+                                        op: None,
+                                        offset,
+                                        length,
+                                        source,
+                                        bad: Vec::new(),
+                                    },
+                                );
+                            }
                         } else if let Phase::Copying { remaining } = &mut self.phase {
-                            // Nothing to copy from: the region stays as each
-                            // member has it.
+                            // Nothing to copy from (a block bad on every
+                            // source, or no source left): the range stays as
+                            // each member has it.
                             *remaining -= 1;
                             self.maybe_serve();
                         }
@@ -1152,39 +1410,46 @@ impl Primary {
     }
 
     /// Writes the good data over the copies that failed their checksum.
-    fn repair(&mut self, offset: u64, data: ReadData, bad: Vec<NodeId>) {
-        let length = match &data {
-            ReadData::Data(bytes) => bytes.len() as u64,
-            ReadData::Zeroes => return,
-        };
+    /// One write for all the bad copies: writes in flight never overlap.
+    fn repair(&mut self, offset: u64, length: u64, data: ReadData, bad: Vec<NodeId>) {
         if self.overlaps_active(offset, length) {
             // A newer write is on its way there; the next read repairs.
             return;
         }
-        let ReadData::Data(bytes) = data else { return };
-        let payload = Payload::Data(Arc::from(bytes));
-        for node in bad {
-            if !self.members.get(&node).is_some_and(|m| m.takes_writes()) {
-                continue;
-            }
-            let seq = self.next_seq;
-            self.next_seq += 1;
+        let payload = match data {
+            ReadData::Data(bytes) => Payload::Data(Arc::from(bytes)),
+            ReadData::Zeroes => Payload::Zeroes {
+                length,
+                trim: false,
+            },
+        };
+        let targets: BTreeSet<NodeId> = bad
+            .into_iter()
+            .filter(|node| self.members.get(node).is_some_and(|m| m.takes_writes()))
+            .collect();
+        if targets.is_empty() {
+            return;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        for &node in &targets {
             self.send_write(node, seq, offset, &payload, true);
             self.counters.repaired_blocks += length / 4096;
-            self.writes.insert(
-                seq,
-                PendingWrite {
-                    purpose: Purpose::Repair,
-                    range: (offset, length),
-                    flush: false,
-                    needed: [node].into_iter().collect(),
-                    acked: BTreeSet::new(),
-                    errors: Vec::new(),
-                    persist_token: 0,
-                    started_ms: self.now_ms,
-                },
-            );
         }
+        self.writes.insert(
+            seq,
+            PendingWrite {
+                purpose: Purpose::Repair,
+                range: (offset, length),
+                flush: false,
+                payload: Some((payload, true)),
+                needed: targets,
+                acked: BTreeSet::new(),
+                errors: Vec::new(),
+                persist_token: 0,
+                started_ms: self.now_ms,
+            },
+        );
     }
 
     fn on_committed(&mut self, id: u64, proposal: Proposal) {
@@ -1206,19 +1471,48 @@ impl Primary {
                     return;
                 }
                 member.joining_proposal = None;
-                if matches!(member.sync, Sync::Joining { .. }) && member.is_up() {
+                let whole = member.is_up() && !member.damaged && member.lost.is_empty();
+                if matches!(member.sync, Sync::Joining { .. }) && whole {
                     member.sync = Sync::InSync;
                     member.map_since = None;
                     self.actions.push(Action::ForgetDirty { peer: node });
                 } else {
-                    // It left while the control plane was adding it: it is
-                    // in the set but lacks writes, so take it out again.
+                    // It left while the control plane was adding it (even if
+                    // it is back, it missed writes): it is in the set but
+                    // lacks writes, so take it out again.
                     member.sync = Sync::InSync;
                     self.start_outdating(node);
                 }
             }
             Proposal::Progress { .. } => {}
         }
+    }
+
+    /// Proposes `MarkInSync` for a copied member, unless a `MarkOutdated`
+    /// of it is still unanswered: a retry of that one could commit after
+    /// this one and take the member out behind our back. The tick tries
+    /// again.
+    fn propose_joining(&mut self, node: NodeId) {
+        let outdating = self
+            .proposals
+            .values()
+            .any(|(p, _)| *p == Proposal::MarkOutdated { node });
+        let Some(member) = self.members.get(&node) else {
+            return;
+        };
+        if outdating
+            || member.joining_proposal.is_some()
+            || !member.is_up()
+            || !matches!(member.sync, Sync::Joining { flush: None })
+        {
+            return;
+        }
+        let id = self.id();
+        self.members
+            .get_mut(&node)
+            .expect("checked")
+            .joining_proposal = Some(id);
+        self.propose(id, Proposal::MarkInSync { node });
     }
 
     fn propose(&mut self, id: u64, proposal: Proposal) {
@@ -1240,13 +1534,165 @@ impl Primary {
         self.propose(id, Proposal::MarkOutdated { node });
     }
 
+    /// Whether `node`, the last up-to-date member, is linked again after the
+    /// control plane refused to outdate it; then it stays in the set.
+    fn keep_if_back(&mut self, node: NodeId) -> bool {
+        let Some(member) = self.members.get_mut(&node) else {
+            return false;
+        };
+        if !(matches!(member.sync, Sync::InSync) && member.outdate_refused && member.is_up()) {
+            return false;
+        }
+        member.outdate_refused = false;
+        let others_in_set = self.members.iter().any(|(&n, m)| {
+            n != node
+                && m.kind == Kind::Diskful
+                && matches!(m.sync, Sync::InSync)
+                && m.outdating.is_none()
+                && !m.damaged
+        });
+        if others_in_set {
+            // Another member joined meanwhile: the retried outdating
+            // commits now.
+            return false;
+        }
+        let member = self.members.get_mut(&node).expect("checked");
+        if let Some(id) = member.outdating.take() {
+            self.proposals.remove(&id);
+        }
+        let intact = member.intact;
+        if let Phase::Reconciling { welcomes, .. } = &mut self.phase {
+            // Nothing was written yet: its welcome counts like any other.
+            welcomes.insert(node, (intact, RegionSet::new()));
+            self.set_local_readable_from_state();
+            return false;
+        }
+        self.keep_last_member(node, intact);
+        self.set_local_readable_from_state();
+        true
+    }
+
+    /// The control plane refused to outdate `node`, the last up-to-date
+    /// member, and it is back: it stays in the set, and its copy is the
+    /// truth. Writes it did not acknowledge fail (other members may hold
+    /// them, it may not), and every other member copies from it the regions
+    /// it may hold differently: those it lost on the link, or every region
+    /// when it restarted (it may have lost any unflushed write).
+    fn keep_last_member(&mut self, node: NodeId, intact: bool) {
+        let member = self.members.get_mut(&node).expect("a member");
+        let mut regions = std::mem::take(&mut member.lost);
+        if intact {
+            // What it had not flushed when its link dropped is still
+            // unflushed there.
+            member.unflushed.union_with(&regions);
+        } else {
+            regions = RegionSet::all(self.size_bytes);
+        }
+        if matches!(self.phase, Phase::Copying { .. }) {
+            regions.union_with(&self.copying);
+        }
+        member.full_resync = false;
+        member.damaged = false;
+        let failed: Vec<u64> = self
+            .writes
+            .iter()
+            .filter(|(_, w)| w.needed.contains(&node) && !w.acked.contains(&node))
+            .map(|(&seq, _)| seq)
+            .collect();
+        for seq in failed {
+            let write = self.writes.remove(&seq).expect("listed");
+            self.abandon(seq, &write.acked);
+            regions.add_range(write.range.0, write.range.1);
+            if let Purpose::Client(op) = write.purpose {
+                self.actions.push(Action::Complete {
+                    op,
+                    result: Err(ClientError::Io(
+                        "the last up-to-date replica lost the write with its link".into(),
+                    )),
+                });
+            }
+        }
+        let others: Vec<NodeId> = self
+            .members
+            .iter()
+            .filter(|(&n, m)| n != node && m.kind == Kind::Diskful)
+            .map(|(&n, _)| n)
+            .collect();
+        for other in others {
+            if matches!(self.members[&other].sync, Sync::Joining { .. }) {
+                // Copied already, but not from what is now the truth.
+                self.actions.push(Action::Reset { to: other });
+                self.lose_link(other);
+            }
+            let member = self.members.get_mut(&other).expect("listed");
+            match &mut member.sync {
+                Sync::InSync | Sync::Joining { .. } => member.lost.union_with(&regions),
+                Sync::Outdated { backlog } | Sync::Resyncing { backlog, .. } => {
+                    backlog.add_set(&regions);
+                    self.persist_map(other);
+                }
+            }
+        }
+    }
+
+    /// The dirty map of an outdated or resyncing member: what it may lack.
+    /// A resyncing member's map keeps the regions being copied (until the
+    /// copy is acknowledged) and those written meanwhile.
+    fn map_of(member: &Member, since: Generation) -> Option<DirtyMap> {
+        match &member.sync {
+            Sync::Outdated { backlog } => Some(backlog.to_map(since)),
+            Sync::Resyncing {
+                backlog,
+                writes,
+                reads,
+                ..
+            } => {
+                let mut map = backlog.to_map(since);
+                map.regions.union_with(&member.written_during_sync);
+                for &region in writes.values() {
+                    map.regions.insert(region);
+                }
+                for &(region, _) in reads.values() {
+                    map.regions.insert(region);
+                }
+                Some(map)
+            }
+            _ => None,
+        }
+    }
+
+    /// Persists the dirty map of an outdated or resyncing member; returns
+    /// the token `persisted` will confirm.
+    fn persist_map(&mut self, node: NodeId) -> u64 {
+        let Some(map) = Self::map_of(&self.members[&node], self.view.generation) else {
+            return 0;
+        };
+        let token = self.persist_next;
+        self.persist_next += 1;
+        self.actions.push(Action::PersistDirty {
+            token,
+            peer: node,
+            map,
+        });
+        token
+    }
+
     /// The control plane took `node` out of the set.
     fn become_outdated(&mut self, node: NodeId) {
         let since = self.view.generation;
         let member = self.members.get_mut(&node).expect("checked");
         member.outdating = None;
-        let mut backlog = Backlog::default();
+        member.outdate_refused = false;
+        member.damaged = false;
+        let mut backlog = if member.full_resync {
+            Backlog::full()
+        } else {
+            Backlog::default()
+        };
         backlog.add_set(&member.lost);
+        if matches!(self.phase, Phase::Copying { .. }) {
+            backlog.add_set(&self.copying);
+        }
         member.lost.clear();
         for &(offset, length, _, _) in member.unacked.values() {
             for region in regions_of(offset, length) {
@@ -1294,6 +1740,19 @@ impl Primary {
         if matches!(member.link, Link::Down) {
             return;
         }
+        // What it acknowledged of the writes still pending is not flushed
+        // there and may be lost with the link (its node may have crashed):
+        // those acknowledgements no longer count.
+        for write in self.writes.values_mut() {
+            write.acked.remove(&node);
+        }
+        // Failed writes it had not answered: its copy of their regions is
+        // another primary's business now (it resyncs them, or they are
+        // reported unsettled by it).
+        self.failed_in_flight.retain(|_, waiting| {
+            waiting.remove(&node);
+            !waiting.is_empty()
+        });
         member.link = Link::Down;
         let unacked = std::mem::take(&mut member.unacked);
         member.unacked_bytes = 0;
@@ -1307,9 +1766,13 @@ impl Primary {
         }
         member.unflushed.clear();
         member.flushing.clear();
+        // `tracked` stays as it was: what it may hold unflushed moves with
+        // `lost` into its `lost` set or its backlog below, so a restart
+        // that loses those writes loses nothing its resync does not copy.
         let kind = member.kind;
         let joining_proposed = member.joining_proposal.is_some();
         let mut outdate = false;
+        let mut joining_dropped = false;
         let mut retry_reads = Vec::new();
         match &mut member.sync {
             _ if kind == Kind::Tiebreaker => {}
@@ -1323,9 +1786,15 @@ impl Primary {
                 member.lost.union_with(&lost);
             }
             Sync::Joining { .. } => {
-                let mut backlog = Backlog::default();
+                let mut backlog = if member.full_resync {
+                    Backlog::full()
+                } else {
+                    Backlog::default()
+                };
                 backlog.add_set(&lost);
                 member.sync = Sync::Outdated { backlog };
+                member.damaged = false;
+                joining_dropped = true;
             }
             Sync::Resyncing {
                 backlog,
@@ -1371,6 +1840,10 @@ impl Primary {
                                 "no up-to-date replica is reachable".into(),
                             )),
                         });
+                    } else {
+                        // A reconcile copy: serving waits for it, and it
+                        // waits for a source.
+                        self.stalled_reads.push((id, read));
                     }
                 }
             }
@@ -1392,6 +1865,16 @@ impl Primary {
         }
         if outdate {
             self.start_outdating(node);
+        }
+        if joining_dropped {
+            // Writes waited for it; they complete without it once its map
+            // names what it lacks.
+            let token = self.persist_map(node);
+            for write in self.writes.values_mut() {
+                if write.needed.contains(&node) {
+                    write.persist_token = write.persist_token.max(token);
+                }
+            }
         }
         if let Phase::Reconciling { welcomes, .. } = &mut self.phase {
             welcomes.remove(&node);
@@ -1443,7 +1926,12 @@ impl Primary {
     }
 
     fn try_finish_reconcile(&mut self) {
-        let Phase::Reconciling { welcomes, .. } = &self.phase else {
+        let Phase::Reconciling {
+            welcomes,
+            unsettled: reported,
+            ..
+        } = &self.phase
+        else {
             return;
         };
         // Every up-to-date member has answered or is being outdated.
@@ -1461,6 +1949,7 @@ impl Primary {
             return;
         }
         let welcomes = welcomes.clone();
+        let reported = reported.clone();
         if welcomes.is_empty() {
             return;
         }
@@ -1480,22 +1969,39 @@ impl Primary {
         } else {
             *welcomes.keys().next().expect("not empty")
         };
-        let mut unsettled = RegionSet::new();
-        for (_, (_, regions)) in welcomes.iter() {
-            unsettled.union_with(regions);
-        }
+        let unsettled = reported;
         let mut outdate = Vec::new();
         for (&node, (ok, _)) in &welcomes {
             if node != source && !ok && !intact.contains(&node) {
                 outdate.push(node);
             }
         }
-        // Outdated members may lack the unsettled regions too.
-        for member in self.members.values_mut() {
-            match &mut member.sync {
-                Sync::Outdated { backlog } => backlog.add_set(&unsettled),
-                Sync::Resyncing { backlog, .. } => backlog.add_set(&unsettled),
-                _ => {}
+        // Outdated members may lack the unsettled regions too, and their
+        // persisted maps must say so before we serve.
+        let behind: Vec<NodeId> = self
+            .members
+            .iter()
+            .filter(|(_, m)| matches!(m.sync, Sync::Outdated { .. } | Sync::Resyncing { .. }))
+            .map(|(&n, _)| n)
+            .collect();
+        // A source that restarted lost what it had not flushed, and it is
+        // the truth now: the others may hold newer data anywhere.
+        let behind_regions = if intact.contains(&source) {
+            unsettled.clone()
+        } else {
+            RegionSet::all(self.size_bytes)
+        };
+        if !behind_regions.is_empty() {
+            for node in behind {
+                if let Some(member) = self.members.get_mut(&node) {
+                    if let Sync::Outdated { backlog } | Sync::Resyncing { backlog, .. } =
+                        &mut member.sync
+                    {
+                        backlog.add_set(&behind_regions);
+                    }
+                }
+                let token = self.persist_map(node);
+                self.serve_after = self.serve_after.max(token);
             }
         }
         if !outdate.is_empty() {
@@ -1513,6 +2019,7 @@ impl Primary {
             return;
         }
         let regions: Vec<u64> = unsettled.iter().collect();
+        self.copying = unsettled;
         self.phase = Phase::Copying {
             remaining: regions.len(),
         };
@@ -1550,9 +2057,16 @@ impl Primary {
         let targets: Vec<NodeId> = self
             .members
             .iter()
-            .filter(|(&n, m)| n != source && m.kind == Kind::Diskful && m.is_needed() && m.is_up())
+            .filter(|(&n, m)| n != source && m.kind == Kind::Diskful && m.is_needed())
+            .filter(|(_, m)| m.takes_writes())
             .map(|(&n, _)| n)
             .collect();
+        // Needed members that cannot take it now lack it.
+        for (&n, m) in self.members.iter_mut() {
+            if n != source && m.kind == Kind::Diskful && m.is_needed() && !m.takes_writes() {
+                m.lost.add_range(offset, length);
+            }
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
         for &node in &targets {
@@ -1564,6 +2078,7 @@ impl Primary {
                 purpose: Purpose::Internal,
                 range: (offset, length),
                 flush: false,
+                payload: Some((payload.clone(), false)),
                 needed: targets.into_iter().collect(),
                 acked: BTreeSet::new(),
                 errors: Vec::new(),
@@ -1579,12 +2094,17 @@ impl Primary {
 
     fn maybe_serve(&mut self) {
         if let Phase::Copying { remaining: 0 } = self.phase {
-            if !self
-                .writes
-                .values()
-                .any(|w| matches!(w.purpose, Purpose::Internal))
+            if self.persisted_through >= self.serve_after
+                && !self
+                    .writes
+                    .values()
+                    .any(|w| matches!(w.purpose, Purpose::Internal))
             {
                 self.phase = Phase::Serving;
+                // From this flush on, every member's unflushed writes are
+                // ours and tracked.
+                let seq = self.id();
+                self.send_flush(seq, Purpose::Internal);
                 self.set_local_readable_from_state();
             }
         }
@@ -1684,8 +2204,40 @@ impl Primary {
         self.reads.insert(id, read);
     }
 
+    /// Writes below this completed on every replica that had to hold them:
+    /// neither pending, nor failed while some replica may still apply them.
     fn settled(&self) -> u64 {
-        self.writes.keys().next().copied().unwrap_or(self.next_seq)
+        let pending = self.writes.keys().next().copied().unwrap_or(self.next_seq);
+        let failed = self.failed_in_flight.keys().next().copied();
+        [Some(pending), failed, self.unsettled_floor]
+            .into_iter()
+            .flatten()
+            .min()
+            .expect("pending")
+    }
+
+    /// A write ended without completing everywhere (it failed, or it
+    /// expired). Members that applied it hold what others may not: for
+    /// them it stays unsettled as long as this engine runs, so that the next
+    /// primary reconciles its regions. Members it is still in flight to may
+    /// apply it too: it stays unsettled until they answer.
+    fn abandon(&mut self, seq: u64, acked: &BTreeSet<NodeId>) {
+        if !acked.is_empty() {
+            self.pin_unsettled(seq);
+        }
+        let waiting: BTreeSet<NodeId> = self
+            .members
+            .iter()
+            .filter(|(_, m)| m.unacked.contains_key(&seq))
+            .map(|(&n, _)| n)
+            .collect();
+        if !waiting.is_empty() {
+            self.failed_in_flight.insert(seq, waiting);
+        }
+    }
+
+    fn pin_unsettled(&mut self, seq: u64) {
+        self.unsettled_floor = Some(self.unsettled_floor.map_or(seq, |floor| floor.min(seq)));
     }
 
     fn send_write(&mut self, node: NodeId, seq: u64, offset: u64, payload: &Payload, fua: bool) {
@@ -1733,7 +2285,7 @@ impl Primary {
             }
             let member = self.members.get_mut(&node).expect("listed");
             let since = self.view.generation;
-            let up = member.is_up();
+            let up = member.takes_writes();
             match &mut member.sync {
                 Sync::InSync | Sync::Joining { .. } if !up => {
                     member.lost.add_range(offset, length);
@@ -1748,7 +2300,7 @@ impl Primary {
                         persist.push((node, backlog.to_map(since)));
                     }
                 }
-                Sync::Resyncing { backlog, .. } => {
+                Sync::Resyncing { .. } => {
                     // It gets the write on its link, but the persisted map
                     // must still name the region should we crash before
                     // it is in the set.
@@ -1757,8 +2309,7 @@ impl Primary {
                         added |= member.written_during_sync.insert(region);
                     }
                     if added {
-                        let mut map = backlog.to_map(since);
-                        map.regions.union_with(&member.written_during_sync);
+                        let map = Self::map_of(member, since).expect("resyncing");
                         persist.push((node, map));
                     }
                 }
@@ -1780,6 +2331,7 @@ impl Primary {
                 purpose,
                 range: (offset, length),
                 flush: false,
+                payload: Some((payload, fua)),
                 needed,
                 acked: BTreeSet::new(),
                 errors: Vec::new(),
@@ -1822,6 +2374,7 @@ impl Primary {
                 purpose,
                 range: (0, 0),
                 flush: true,
+                payload: None,
                 needed,
                 acked: BTreeSet::new(),
                 errors: Vec::new(),
@@ -1894,6 +2447,10 @@ impl Primary {
         }
         for seq in done {
             let write = self.writes.remove(&seq).expect("listed");
+            if write.acked.is_empty() && !write.errors.is_empty() {
+                self.abandon(seq, &write.acked);
+                self.copy_again(write.range);
+            }
             if let Purpose::Client(op) = write.purpose {
                 let result = if write.acked.is_empty() && !write.errors.is_empty() {
                     Err(match &write.errors[0].1 {
@@ -1911,18 +2468,40 @@ impl Primary {
         self.maybe_serve();
     }
 
-    fn resync_source(&self) -> Option<NodeId> {
-        let readable = self.readable_members();
-        if readable.contains(&self.me) {
-            Some(self.me)
-        } else {
-            readable.first().copied()
+    /// A write failed, yet members that were not waited for (resyncing)
+    /// may have applied it: they copy its regions again.
+    fn copy_again(&mut self, (offset, length): (u64, u64)) {
+        for member in self.members.values_mut() {
+            if let Sync::Resyncing { backlog, .. } = &mut member.sync {
+                for region in regions_of(offset, length) {
+                    backlog.add(region);
+                }
+            }
         }
     }
 
+    /// Where resyncs read from: ourselves first, then the other up-to-date
+    /// members.
+    fn resync_sources(&self) -> Vec<NodeId> {
+        let mut readable = self.readable_members();
+        if let Some(at) = readable.iter().position(|&n| n == self.me) {
+            readable.remove(at);
+            readable.insert(0, self.me);
+        }
+        readable
+    }
+
     fn pump_resyncs(&mut self) {
-        let Some(source) = self.resync_source() else {
+        let sources = self.resync_sources();
+        if sources.is_empty() {
             return;
+        }
+        let failed = &self.resync_failed;
+        let source_for = |region: u64| {
+            sources
+                .iter()
+                .copied()
+                .find(|n| !failed.get(&region).is_some_and(|bad| bad.contains(n)))
         };
         let region_count = self.region_count();
         let nodes: Vec<NodeId> = self.members.keys().copied().collect();
@@ -1972,6 +2551,7 @@ impl Primary {
                         || active
                             .iter()
                             .any(|&(o, l)| l > 0 && o < offset + length && offset < o + l)
+                        || source_for(region).is_none()
                 };
                 let member = self.members.get_mut(&node).expect("listed");
                 let Sync::Resyncing { backlog, reads, .. } = &mut member.sync else {
@@ -1980,6 +2560,7 @@ impl Primary {
                 let Some(region) = backlog.pop(region_count, busy) else {
                     break;
                 };
+                let source = source_for(region).expect("not busy");
                 let id = self.next_seq;
                 self.next_seq += 1;
                 reads.insert(id, (region, source));
@@ -2007,19 +2588,39 @@ impl Primary {
         let Sync::Resyncing { reads, backlog, .. } = &mut member.sync else {
             return;
         };
-        let Some((region, _)) = reads.remove(&id) else {
+        let Some((region, source)) = reads.remove(&id) else {
             return;
         };
         self.resync_locks.remove(&region);
         let data = match result {
             Ok(data) => data,
-            Err(_) => {
-                // Try again later, perhaps from another source.
+            Err(error) => {
+                // Try again from another source, or from this one after
+                // the next tick.
                 backlog.add(region);
+                self.resync_failed.entry(region).or_default().insert(source);
+                if matches!(error, ReplicaError::Checksum(_)) {
+                    self.resync_corrupt
+                        .entry(region)
+                        .or_default()
+                        .insert(source);
+                }
                 return;
             }
         };
         let (offset, length) = region_range(region, self.size_bytes);
+        // Up-to-date sources that failed their checksum get this copy.
+        if let Some(bad) = self.resync_corrupt.remove(&region) {
+            let readable = self.readable_members();
+            let bad: Vec<NodeId> = bad
+                .into_iter()
+                .filter(|n| *n != source && readable.contains(n))
+                .collect();
+            if !bad.is_empty() {
+                self.repair(offset, length, data.clone(), bad);
+            }
+        }
+        let member = self.members.get_mut(&target).expect("listed");
         let payload = match data {
             ReadData::Data(bytes) => Payload::Data(Arc::from(bytes)),
             ReadData::Zeroes => Payload::Zeroes { length, trim: true },

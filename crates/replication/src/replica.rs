@@ -1,6 +1,26 @@
 //! [`ReplicaSide`]: what a node holding a copy of a volume decides about the
 //! primaries that write to it. The data itself goes to the store; this part
 //! fences stale primaries and remembers which recent writes are unsettled.
+//!
+//! What the node's driver around it must do (`trireme-sim`'s replication
+//! simulator does exactly this, and the protocol relies on it):
+//! - Handle a link's messages in order, each through [`ReplicaSide::admit`]
+//!   (or `on_hello`, `on_goodbye`) before it reaches the store; a refusal is
+//!   sent back, then the link closed. A closed link delivers nothing more:
+//!   key links by [`LinkId`], never by peer.
+//! - Persist an accepted hello's generation and `clean = false` before the
+//!   welcome goes out; persist `clean = true` when `on_goodbye` says so;
+//!   persist the node's own `set_primary_at` before its engine starts.
+//!   Persists complete in the order they were asked for.
+//! - Order the store's operations: one that overlaps an earlier one (on any
+//!   link) waits for it, and a flush waits for every write received before
+//!   it. Operations may otherwise complete, and be acknowledged, in any
+//!   order; only a flush's own acknowledgement says it is done.
+//! - After a restart, rebuild the side with [`ReplicaSide::new`] from what
+//!   was persisted; a crash loses the volatile data (what was not flushed).
+//! - Optionally close the links of older generations (with a refusal) when
+//!   a newer hello is accepted; their acknowledgements may also keep
+//!   flowing: both are safe.
 
 use crate::message::{FromReplica, ToReplica};
 use crate::regions::{regions_of, RegionSet};
@@ -10,19 +30,31 @@ use trireme_types::{Generation, NodeId};
 /// One accepted data link, numbered by the node that accepted it.
 pub type LinkId = u64;
 
+/// Unsettled writes a link remembers one by one; older ones are folded
+/// into regions (a primary may keep writes unsettled for long).
+const UNSETTLED_ENTRIES: usize = 4096;
+
 #[derive(Debug)]
 struct Link {
     generation: Generation,
     /// Writes received and not yet known settled: (seq, offset, length).
     unsettled: VecDeque<(u64, u64, u64)>,
+    /// Regions of unsettled writes folded out of `unsettled`: reported
+    /// until the link is forgotten.
+    folded: RegionSet,
 }
 
 #[derive(Debug)]
 pub struct ReplicaSide {
     accepted: Generation,
     primary_at: Option<Generation>,
-    /// Every write acknowledged since `accepted` was accepted is known to
-    /// this process, or the last primary left the copy clean (`Goodbye`).
+    /// No acknowledged write can be missing: this process has run since the
+    /// last primary left the copy clean (`Goodbye`), or since a primary that
+    /// was told otherwise wrote to it again. A restart that was not clean
+    /// clears it, and only a write admitted afterwards sets it again: a
+    /// primary that learns the copy is not intact resyncs it (or makes it
+    /// the source) before it writes, and one that dies before doing so must
+    /// not leave the next one believing the copy is whole.
     intact: bool,
     links: BTreeMap<LinkId, Link>,
 }
@@ -95,6 +127,7 @@ impl ReplicaSide {
         }
         let mut unsettled = RegionSet::new();
         for entry in self.links.values() {
+            unsettled.union_with(&entry.folded);
             for &(_, offset, length) in &entry.unsettled {
                 for region in regions_of(offset, length) {
                     unsettled.insert(region);
@@ -110,17 +143,19 @@ impl ReplicaSide {
         };
         let persist = (generation > self.accepted).then_some(generation);
         if generation > self.accepted {
-            // Links of older generations are fenced from now on; what they
-            // left unsettled was just reported to the new primary.
-            self.links.retain(|_, entry| entry.generation >= generation);
+            // Links of older generations are fenced from now on. What they
+            // left unsettled is reported again to every hello until a
+            // primary of the newer generation has reconciled (its first
+            // flush here says so): one that dies before would leave the
+            // next one none the wiser.
             self.accepted = generation;
         }
-        self.intact = true;
         self.links.insert(
             link,
             Link {
                 generation,
                 unsettled: VecDeque::new(),
+                folded: RegionSet::new(),
             },
         );
         HelloOutcome::Accept { persist, welcome }
@@ -135,6 +170,12 @@ impl ReplicaSide {
         };
         if entry.generation < accepted {
             return Err(FromReplica::Refused { newer: accepted });
+        }
+        if matches!(message, ToReplica::Flush { .. }) {
+            // A primary flushes only once it serves, after reconciling what
+            // older generations left unsettled.
+            self.links.retain(|_, entry| entry.generation >= accepted);
+            return Ok(());
         }
         if let ToReplica::Write {
             seq,
@@ -152,14 +193,23 @@ impl ReplicaSide {
                 entry.unsettled.pop_front();
             }
             entry.unsettled.push_back((*seq, *offset, payload.length()));
+            if entry.unsettled.len() > UNSETTLED_ENTRIES {
+                for _ in 0..UNSETTLED_ENTRIES / 2 {
+                    let (_, offset, length) = entry.unsettled.pop_front().expect("full");
+                    entry.folded.add_range(offset, length);
+                }
+            }
+            // A primary that knows what this copy may lack writes to it.
+            self.intact = true;
         }
         Ok(())
     }
 
     pub fn link_closed(&mut self, link: LinkId) {
-        // Its unsettled writes stay known until a newer hello reports them.
+        // Its unsettled writes stay known until a primary of a newer
+        // generation flushes here (it reconciled them).
         if let Some(entry) = self.links.get_mut(&link) {
-            if entry.unsettled.is_empty() {
+            if entry.unsettled.is_empty() && entry.folded.is_empty() {
                 self.links.remove(&link);
             }
         }
