@@ -1,0 +1,3309 @@
+//! A deterministic simulator of the replication protocol.
+//!
+//! # What runs
+//!
+//! [`run_replication_sim`] drives the real sans-IO machines of
+//! `trireme_replication`, a [`Primary`] engine on the primary node and a
+//! [`ReplicaSide`] on every member, over a simulated world in which every
+//! choice comes from the seed: a discrete-event loop with a clock in
+//! milliseconds, no threads and no real time. One seed is one history;
+//! running it again replays it exactly (same [`ReplicationSimReport`], down to
+//! the digest of every event).
+//!
+//! The world:
+//!
+//! - **Nodes**: 2 to 5 diskful replicas, sometimes with a tiebreaker (a
+//!   `ReplicaSide` without a disk, which only answers hellos). Each node has
+//!   a durable state that survives crashes: the accepted generation, the
+//!   generation it was primary at, the clean flag, and the dirty maps its
+//!   primary persisted. A crash loses the in-memory `ReplicaSide`, the
+//!   engine if it ran there, pending persists and the disk's volatile layer;
+//!   a restart rebuilds the side with `ReplicaSide::new(accepted,
+//!   primary_at, clean)`.
+//! - **Disks**: blocks of 4 KiB with a volatile layer and a durable layer. A
+//!   write lands in the volatile layer (FUA: durable too), a flush makes the
+//!   volatile layer durable. Operations complete after seeded delays and out
+//!   of order, except that an operation waits for every earlier overlapping
+//!   one and a flush for every earlier write (what a store with per-block
+//!   ordering does). Faults: slow periods, stalls longer than the engine's
+//!   ack timeout, I/O error periods, bit flips of durable blocks (reads of
+//!   such a block fail with `ReplicaError::Checksum` until it is rewritten),
+//!   and at a crash, lost unflushed writes and torn in-flight writes (a
+//!   random part of their blocks reached the platter).
+//! - **Links**: one FIFO, reliable channel per (engine, member) and
+//!   connection, with seeded latencies; different links reorder freely. A
+//!   dropped link loses what is in flight both ways and is never resumed;
+//!   the replica keys its links by link id, so nothing of an old link is
+//!   ever applied. The driver reconnects after a delay. Partitions cut a set
+//!   of nodes off (from the others and from the control plane) for a while;
+//!   control-plane partitions cut one node (mostly the primary's) off from
+//!   the control plane only, so that a primary the control plane replaced
+//!   still reaches the replicas, which must fence it.
+//! - **Control plane**: a linearizable arbiter holding the volume's
+//!   [`View`]. `MarkOutdated`/`MarkInSync` apply iff their generation is the
+//!   arbiter's (else `Stale`); `MarkOutdated` never empties the in-sync set
+//!   (`Refused`). Answers are delayed, sometimes `Unavailable`, sometimes
+//!   lost after the commit. Every change is pushed to the running engines
+//!   after a delay. Attaching bumps the generation and starts an engine with
+//!   the arbiter's view and the node's persisted dirty maps; it happens when
+//!   the primary crashed, was cut off for a while or detached, and at
+//!   random (a forced move, the old engine fenced while it still runs).
+//! - **Replica driver** (what the node daemon must do too): a link's
+//!   messages are handled in order; an accepted hello persists the generation
+//!   and `clean = false` before the welcome goes out; a goodbye that
+//!   `on_goodbye` approves persists `clean = true`; a refusal is sent and the
+//!   link closed. Half of the seeds also close a replica's links of older
+//!   generations (with a refusal) as soon as it accepts a newer one.
+//! - **Clients**: on every running engine (also fenced ones still running
+//!   behind a partition), random 4 KiB-aligned writes of 1 to 16 blocks with
+//!   unique content, FUA writes, zero and trim writes, flushes and reads,
+//!   several in flight and often overlapping; reads through the engine, and
+//!   local reads straight from the primary's disk while the engine says
+//!   `LocalReadable(true)`. After each failover, a read sweep of the whole
+//!   volume through the new engine.
+//! - **Settling**: after the steps, every fault is healed and every node
+//!   restarted; the control plane attaches a primary if needed, and the run
+//!   waits (up to 15 simulated minutes) for every replica to be up to date.
+//!   Meanwhile an operator restores blocks that are bad on every up-to-date
+//!   copy (the data is gone; a client write replaces it) and scrubs the
+//!   volume block by block every 10 s (read failover repairs blocks bad on
+//!   one copy), since no protocol can copy a block bad everywhere.
+//!
+//! # What is checked
+//!
+//! A reference model keeps, per block, the acknowledged versions since the
+//! last durable one (in the order the replicas apply them: by generation,
+//! then completion), the values of writes whose outcome is unknown (failed,
+//! or cut off by a crash or a fence) until a later write supersedes them, and
+//! whether the newest version may have been lost (only when no reachable
+//! in-sync replica holds it any more after a crash or an outdating).
+//!
+//! 1. **No acknowledged write lost**: a read completed by the current
+//!    engine returns, per block, the newest acknowledged version, or a write
+//!    in flight during the read, or one of unknown outcome, or (only when
+//!    the model says it may have been lost) an older version since the last
+//!    durable one.
+//! 2. **Durability**: versions made durable (FUA, or acknowledged before a
+//!    completed flush was issued) never fall out of the model, so every read
+//!    checks them; each failover is followed by a read sweep, and the run
+//!    ends with a crash, a failover and a last sweep (on most seeds).
+//! 3. **One primary**: no replica carries out a message of a link whose
+//!    generation is older than the one it accepted; and a write acknowledged
+//!    by an engine whose generation is older than the arbiter's must have
+//!    been received, before they moved on, by every in-sync replica that
+//!    already accepted a newer generation (so it is part of what the new
+//!    primary carries on).
+//! 4. **Convergence**: after healing everything and letting a final engine
+//!    resync, every diskful replica is in the in-sync set, all of them hold
+//!    identical content, equal to the model, all of it durable after a final
+//!    flush; no fenced engine still runs; no client request is left hanging.
+//! 5. **In-sync replicas hold every acknowledged write**: when the current
+//!    engine acknowledges a write, every replica in the arbiter's in-sync
+//!    set that has not crashed since the write was issued holds it.
+//!
+//! Besides, the current engine must never stop except when detached, the
+//! engine's own assertions must hold (a panic fails the seed), and the
+//! primary never sends data to a tiebreaker.
+//!
+//! Two knobs test the checks themselves: [`ReplicationSimConfig::drop_writes`]
+//! (a replica acknowledges writes it does not apply) and
+//! [`ReplicationSimConfig::ignore_fencing`] (replicas carry out what fenced
+//! primaries send); runs with either should fail.
+//!
+//! `TRIREME_SIM_WATCH=<block>` adds that block's content to the traced disk
+//! writes, which is what a divergence usually needs.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use trireme_replication::{
+    Action, ClientError, ClientRequest, Completion, Config as EngineConfig, DirtyMap, FromReplica,
+    HelloOutcome, LinkId, NoQuorumPolicy, Payload, Primary, Proposal, ProposalResult, ReadData,
+    ReplicaError, ReplicaSide, ToReplica, View, REGION_BYTES,
+};
+use trireme_types::{Generation, NodeId};
+
+const BLOCK: u64 = 4096;
+/// How often the engines' `tick` runs.
+const TICK_MS: u64 = 100;
+/// How many recent events a failure message shows.
+const EVENTS_SHOWN: usize = 120;
+/// The settle phase must converge within this much simulated time.
+const SETTLE_LIMIT_MS: u64 = 900_000;
+/// More events than this in one run is a livelock.
+const MAX_EVENTS: u64 = 20_000_000;
+/// No volatile copy of a block.
+const NONE: u64 = u64::MAX;
+/// Reads in flight at once for a verification sweep.
+const SWEEP_WINDOW: usize = 4;
+/// Blocks per sweep read.
+const SWEEP_BLOCKS: u64 = 16;
+
+type Time = u64;
+type EngineId = u64;
+
+/// What a run does. Probabilities are per step.
+#[derive(Debug, Clone)]
+pub struct ReplicationSimConfig {
+    /// Replicas with a disk: 2 to 5.
+    pub diskful: usize,
+    /// Diskless voters: 0 or 1.
+    pub tiebreakers: usize,
+    /// The volume's size, a multiple of 4 KiB.
+    pub size_bytes: u64,
+    /// Diskful replicas in the in-sync set at the start (the others need a
+    /// full sync first).
+    pub initial_in_sync: usize,
+    /// Steps of faults and workload before the settle phase.
+    pub steps: usize,
+    /// Simulated time per step.
+    pub step_ms: u64,
+    pub policy: NoQuorumPolicy,
+    /// The engines' resync rate in bytes per second; 0: unlimited.
+    pub resync_rate: u64,
+    /// A replica closes its links of older generations (sending a refusal)
+    /// when it accepts a newer one; otherwise they stay open until their
+    /// next message is refused.
+    pub fence_closes_old_links: bool,
+    pub crash: f64,
+    pub partition: f64,
+    /// A node cut off from the control plane only: its links work, its
+    /// proposals and views do not (a primary that must be fenced by the
+    /// replicas).
+    pub control_partition: f64,
+    pub link_drop: f64,
+    pub slow_disk: f64,
+    pub stall: f64,
+    pub io_error: f64,
+    pub bit_flip: f64,
+    /// A forced move of the primary elsewhere while the old one runs.
+    pub failover: f64,
+    /// A clean detach, then an attach elsewhere.
+    pub detach: f64,
+    /// Per proposal: the control plane has no leader.
+    pub unavailable: f64,
+    /// Per proposal: committed, but the answer is lost.
+    pub answer_lost: f64,
+    /// Per `MarkInSync`: refused.
+    pub refuse_in_sync: f64,
+    /// Client requests in flight per engine.
+    pub max_outstanding: usize,
+    /// Per step and engine: a new client request.
+    pub op_rate: f64,
+    /// End with a crash, a failover and a last sweep.
+    pub final_crash: bool,
+    /// A test of the checks themselves: per write, a replica acknowledges
+    /// it without applying it. Runs with it should fail.
+    pub drop_writes: f64,
+    /// Another test of the checks: replicas carry out data messages of
+    /// links their generation fenced (two primaries write). Runs with it
+    /// should fail.
+    pub ignore_fencing: bool,
+    /// Print every event to stderr.
+    pub trace: bool,
+}
+
+impl Default for ReplicationSimConfig {
+    fn default() -> Self {
+        ReplicationSimConfig {
+            diskful: 3,
+            tiebreakers: 0,
+            size_bytes: 5 << 20,
+            initial_in_sync: 3,
+            steps: 2_500,
+            step_ms: 20,
+            policy: NoQuorumPolicy::IoError,
+            resync_rate: 0,
+            fence_closes_old_links: true,
+            crash: 0.0015,
+            partition: 0.0012,
+            control_partition: 0.0012,
+            link_drop: 0.004,
+            slow_disk: 0.002,
+            stall: 0.0006,
+            io_error: 0.001,
+            bit_flip: 0.003,
+            failover: 0.0008,
+            detach: 0.0006,
+            unavailable: 0.1,
+            answer_lost: 0.05,
+            refuse_in_sync: 0.05,
+            max_outstanding: 6,
+            op_rate: 0.6,
+            final_crash: true,
+            drop_writes: 0.0,
+            ignore_fencing: false,
+            trace: false,
+        }
+    }
+}
+
+impl ReplicationSimConfig {
+    /// A mix drawn from the seed: mostly three replicas, sometimes two and a
+    /// tiebreaker, sometimes four or five; varied sizes, policies, rates and
+    /// fault levels.
+    pub fn for_seed(seed: u64) -> ReplicationSimConfig {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x7265_706c_6963_6121);
+        let (diskful, tiebreakers) = match rng.gen_range(0..20) {
+            0..=10 => (3, 0),
+            11..=13 => (2, 1),
+            14..=16 => (4, 0),
+            17 => (3, 1),
+            _ => (5, 0),
+        };
+        let initial_in_sync = if rng.gen_bool(0.2) {
+            rng.gen_range(1..=diskful)
+        } else {
+            diskful
+        };
+        // 4 to 6 MiB, sometimes not a whole number of regions.
+        let size_bytes = (4 << 20) + rng.gen_range(0..=8u64) * (256 << 10)
+            - if rng.gen_bool(0.2) { 12 << 10 } else { 0 };
+        let intensity = [0.5, 1.0, 1.0, 2.0][rng.gen_range(0..4)];
+        let base = ReplicationSimConfig::default();
+        ReplicationSimConfig {
+            diskful,
+            tiebreakers,
+            size_bytes,
+            initial_in_sync,
+            steps: rng.gen_range(2_000..=3_000),
+            policy: if rng.gen_bool(0.8) {
+                NoQuorumPolicy::IoError
+            } else {
+                NoQuorumPolicy::Suspend
+            },
+            resync_rate: if rng.gen_bool(0.5) {
+                0
+            } else {
+                rng.gen_range(8u64..=64) << 20
+            },
+            fence_closes_old_links: rng.gen_bool(0.5),
+            crash: base.crash * intensity,
+            partition: base.partition * intensity,
+            control_partition: base.control_partition * intensity,
+            link_drop: base.link_drop * intensity,
+            slow_disk: base.slow_disk * intensity,
+            stall: base.stall * intensity,
+            io_error: base.io_error * intensity,
+            bit_flip: base.bit_flip * intensity,
+            failover: base.failover * intensity,
+            detach: base.detach * intensity,
+            max_outstanding: rng.gen_range(2..=8),
+            op_rate: rng.gen_range(0.3..0.9),
+            final_crash: rng.gen_bool(0.7),
+            ..base
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if !(2..=5).contains(&self.diskful) || self.tiebreakers > 1 {
+            return Err("use 2 to 5 diskful replicas and at most one tiebreaker".into());
+        }
+        if self.initial_in_sync == 0 || self.initial_in_sync > self.diskful {
+            return Err("initial_in_sync must be within 1 and diskful".into());
+        }
+        if self.size_bytes == 0 || !self.size_bytes.is_multiple_of(BLOCK) {
+            return Err("the size must be a positive multiple of 4 KiB".into());
+        }
+        if self.step_ms == 0 {
+            return Err("step_ms must be above 0".into());
+        }
+        let probabilities = [
+            self.crash,
+            self.partition,
+            self.control_partition,
+            self.link_drop,
+            self.slow_disk,
+            self.stall,
+            self.io_error,
+            self.bit_flip,
+            self.failover,
+            self.detach,
+            self.unavailable,
+            self.answer_lost,
+            self.refuse_in_sync,
+            self.op_rate,
+            self.drop_writes,
+        ];
+        if probabilities.iter().any(|p| !(0.0..=1.0).contains(p)) {
+            return Err("every probability must be within 0 to 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// What a run did. Two runs of the same seed and config give equal reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicationSimReport {
+    pub seed: u64,
+    pub diskful: usize,
+    pub tiebreakers: usize,
+    /// FNV-1a of every event of the run.
+    pub digest: u64,
+    pub events: u64,
+    pub sim_time_ms: u64,
+    pub final_generation: u64,
+    pub writes_ok: u64,
+    pub writes_failed: u64,
+    /// Writes acknowledged by an engine whose generation was already stale.
+    pub stale_writes_ok: u64,
+    pub flushes_ok: u64,
+    pub reads_checked: u64,
+    pub blocks_checked: u64,
+    pub reads_failed: u64,
+    /// Reads completed by fenced engines: not checked.
+    pub stale_reads: u64,
+    pub local_reads: u64,
+    pub crashes: u64,
+    pub primary_crashes: u64,
+    pub attaches: u64,
+    pub forced_failovers: u64,
+    pub detaches: u64,
+    pub partitions: u64,
+    pub link_drops: u64,
+    pub bit_flips: u64,
+    pub io_faults: u64,
+    pub stalls: u64,
+    pub fenced_engines: u64,
+    pub outdated: u64,
+    pub joined: u64,
+    pub resynced_bytes: u64,
+    pub repaired_blocks: u64,
+    pub read_failovers: u64,
+    pub lossy_blocks: u64,
+}
+
+/// Runs one seeded history; `Err` describes the first violated property,
+/// with the run's recent events.
+pub fn run_replication_sim(
+    seed: u64,
+    config: ReplicationSimConfig,
+) -> Result<ReplicationSimReport, String> {
+    config.validate()?;
+    let mut sim = Sim::new(seed, config);
+    match std::panic::catch_unwind(AssertUnwindSafe(|| sim.run())) {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic".into());
+            Err(sim.failure_text(&format!("panicked: {message}")))
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Block contents: a block is a tag (0: zeros), written into the data so that
+// copies made by resync and repair can be recognised.
+// ---------------------------------------------------------------------------
+
+fn encode_block(tag: u64, out: &mut [u8]) {
+    if tag == 0 {
+        return;
+    }
+    out[0..8].copy_from_slice(&tag.to_le_bytes());
+    out[8..16].copy_from_slice(&(!tag).to_le_bytes());
+    out[BLOCK as usize - 8..].copy_from_slice(&tag.to_le_bytes());
+}
+
+fn decode_block(bytes: &[u8]) -> Option<u64> {
+    let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    let (a, b, c) = (word(0), word(8), word(BLOCK as usize - 8));
+    if a == 0 && b == 0 && c == 0 {
+        return Some(0);
+    }
+    (a != 0 && b == !a && c == a).then_some(a)
+}
+
+fn data_of(tags: &[u64]) -> Vec<u8> {
+    let mut data = vec![0u8; tags.len() * BLOCK as usize];
+    for (index, &tag) in tags.iter().enumerate() {
+        let at = index * BLOCK as usize;
+        encode_block(tag, &mut data[at..at + BLOCK as usize]);
+    }
+    data
+}
+
+fn tags_of(data: &[u8]) -> Option<Vec<u64>> {
+    if !(data.len() as u64).is_multiple_of(BLOCK) {
+        return None;
+    }
+    data.chunks_exact(BLOCK as usize)
+        .map(decode_block)
+        .collect()
+}
+
+/// A client write's block `index`: op ids start at 1, so tags are never 0.
+fn tag_for(op: u64, index: u64) -> u64 {
+    (op << 5) | index
+}
+
+fn describe_tag(tag: u64) -> String {
+    if tag == 0 {
+        "zeros".into()
+    } else {
+        format!("op{}#{}", tag >> 5, tag & 31)
+    }
+}
+
+fn fnv(hash: u64, bytes: &[u8]) -> u64 {
+    let mut hash = hash;
+    for &byte in bytes {
+        hash ^= byte as u64;
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+fn summary_to(message: &ToReplica) -> String {
+    match message {
+        ToReplica::Hello { generation, .. } => format!("hello g{generation}"),
+        ToReplica::Write {
+            seq,
+            offset,
+            payload,
+            fua,
+            settled,
+        } => format!(
+            "write s{seq} b{}+{}{}{} settled {settled}",
+            offset / BLOCK,
+            payload.length() / BLOCK,
+            if *fua { " fua" } else { "" },
+            if matches!(payload, Payload::Zeroes { .. }) {
+                " zeroes"
+            } else {
+                ""
+            }
+        ),
+        ToReplica::Flush { seq } => format!("flush s{seq}"),
+        ToReplica::Read { id, offset, length } => {
+            format!("read r{id} b{}+{}", offset / BLOCK, length / BLOCK)
+        }
+        ToReplica::Goodbye => "goodbye".into(),
+    }
+}
+
+fn summary_from(message: &FromReplica) -> String {
+    match message {
+        FromReplica::Welcome {
+            previous,
+            intact,
+            was_primary,
+            unsettled,
+        } => format!(
+            "welcome previous g{previous} intact {intact} was_primary {was_primary} unsettled {:?}",
+            unsettled.iter().collect::<Vec<_>>()
+        ),
+        FromReplica::Refused { newer } => format!("refused newer g{newer}"),
+        FromReplica::Ack { seq, result } => match result {
+            Ok(()) => format!("ack s{seq}"),
+            Err(error) => format!("ack s{seq} error {error}"),
+        },
+        FromReplica::ReadReply { id, result } => match result {
+            Ok(ReadData::Data(data)) => format!("read reply r{id} {} bytes", data.len()),
+            Ok(ReadData::Zeroes) => format!("read reply r{id} zeroes"),
+            Err(error) => format!("read reply r{id} error {error}"),
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The world's parts.
+// ---------------------------------------------------------------------------
+
+/// What a node keeps across crashes.
+#[derive(Debug, Clone)]
+struct Durable {
+    accepted: Generation,
+    primary_at: Option<Generation>,
+    clean: bool,
+    dirty_maps: BTreeMap<NodeId, DirtyMap>,
+}
+
+#[derive(Debug)]
+enum DiskKind {
+    Write {
+        first: u64,
+        tags: Vec<u64>,
+        fua: bool,
+        seq: u64,
+    },
+    Flush {
+        seq: u64,
+    },
+    Read {
+        id: u64,
+        first: u64,
+        count: u64,
+    },
+    /// A client's read straight from the primary's own disk.
+    LocalRead {
+        op: u64,
+        first: u64,
+        count: u64,
+    },
+}
+
+impl DiskKind {
+    fn range(&self) -> Option<(u64, u64)> {
+        match self {
+            DiskKind::Write { first, tags, .. } => Some((*first, tags.len() as u64)),
+            DiskKind::Flush { .. } => None,
+            DiskKind::Read { first, count, .. } | DiskKind::LocalRead { first, count, .. } => {
+                Some((*first, *count))
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct DiskOp {
+    /// 0 for a local read.
+    link: LinkId,
+    ready: Time,
+    kind: DiskKind,
+}
+
+struct Disk {
+    durable: Vec<u64>,
+    volatile: Vec<u64>,
+    corrupt: Vec<bool>,
+    pending: BTreeMap<u64, DiskOp>,
+    next: u64,
+    slow_until: Time,
+    stall_until: Time,
+    io_until: Time,
+}
+
+impl Disk {
+    fn new(blocks: u64) -> Disk {
+        Disk {
+            durable: vec![0; blocks as usize],
+            volatile: vec![NONE; blocks as usize],
+            corrupt: vec![false; blocks as usize],
+            pending: BTreeMap::new(),
+            next: 1,
+            slow_until: 0,
+            stall_until: 0,
+            io_until: 0,
+        }
+    }
+
+    /// What a read of block `b` sees (ignoring corruption).
+    fn top(&self, b: u64) -> u64 {
+        let volatile = self.volatile[b as usize];
+        if volatile != NONE {
+            volatile
+        } else {
+            self.durable[b as usize]
+        }
+    }
+
+    fn read(&self, first: u64, count: u64, now: Time) -> Result<ReadData, ReplicaError> {
+        if now < self.io_until {
+            return Err(ReplicaError::Io("simulated device error".into()));
+        }
+        let mut tags = Vec::with_capacity(count as usize);
+        for b in first..first + count {
+            if self.volatile[b as usize] == NONE && self.corrupt[b as usize] {
+                return Err(ReplicaError::Checksum(format!("block {b}")));
+            }
+            tags.push(self.top(b));
+        }
+        if tags.iter().all(|&tag| tag == 0) {
+            Ok(ReadData::Zeroes)
+        } else {
+            Ok(ReadData::Data(data_of(&tags)))
+        }
+    }
+
+    /// Whether the pending operation `key` must wait for an earlier one.
+    fn blocked(&self, key: u64, op: &DiskOp) -> bool {
+        let is_flush = matches!(op.kind, DiskKind::Flush { .. });
+        let range = op.kind.range();
+        self.pending.range(..key).any(|(_, earlier)| {
+            if is_flush {
+                return matches!(earlier.kind, DiskKind::Write { .. });
+            }
+            match (range, earlier.kind.range()) {
+                (Some((a, n)), Some((b, m))) => a < b + m && b < a + n,
+                _ => false,
+            }
+        })
+    }
+}
+
+struct Node {
+    diskful: bool,
+    up: bool,
+    /// Bumped at each crash: events of an older incarnation are void.
+    incarnation: u64,
+    /// The logical clock of its last crash.
+    crashed_lc: u64,
+    side: Option<ReplicaSide>,
+    durable: Durable,
+    /// When its last pending persist completes (persists are in order).
+    persist_at: Time,
+    disk: Option<Disk>,
+    /// Open links on which it is the replica.
+    links: BTreeSet<LinkId>,
+    /// The highest generation it ever accepted, persisted or not.
+    max_accepted: Generation,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LinkState {
+    Open,
+    /// The engine stopped: what it sent still arrives, nothing comes back.
+    Draining,
+}
+
+struct Link {
+    engine: EngineId,
+    primary: NodeId,
+    member: NodeId,
+    generation: Generation,
+    state: LinkState,
+    /// FIFO: when the last message each way arrives.
+    to_at: Time,
+    from_at: Time,
+    /// The replica refused on it: it handles and sends nothing more.
+    replica_closing: bool,
+}
+
+struct Engine {
+    node: NodeId,
+    generation: Generation,
+    primary: Primary,
+    links: BTreeMap<NodeId, LinkId>,
+    want: BTreeSet<NodeId>,
+    connecting: BTreeSet<NodeId>,
+    local_readable: bool,
+    view_at: Time,
+    serving_seen: bool,
+    detach_started: Option<Time>,
+    /// The next block a verification sweep reads.
+    sweep: Option<u64>,
+    /// Blocks per sweep read: 1 for a scrub (a read fails as a whole when
+    /// every copy has a bad block in its range, even different ones).
+    sweep_blocks: u64,
+}
+
+#[derive(Debug)]
+enum PersistOp {
+    Accept {
+        generation: Option<Generation>,
+        link: LinkId,
+        welcome: FromReplica,
+    },
+    Clean,
+    Dirty {
+        engine: EngineId,
+        token: u64,
+        peer: NodeId,
+        map: DirtyMap,
+    },
+    Forget {
+        peer: NodeId,
+    },
+}
+
+#[derive(Debug)]
+enum OpKind {
+    Write {
+        first: u64,
+        tags: Vec<u64>,
+        fua: bool,
+        zero: bool,
+        /// Kept so that the payload's address identifies the request in
+        /// the messages the engine sends.
+        payload: Option<Payload>,
+        /// Replicas that admitted it, with the generation each had
+        /// accepted then.
+        admitted: BTreeMap<NodeId, Generation>,
+    },
+    Read {
+        first: u64,
+        count: u64,
+        local: bool,
+        sweep: bool,
+        /// Per block, the values the read may return.
+        allowed: Vec<BTreeSet<u64>>,
+    },
+    Flush,
+}
+
+#[derive(Debug)]
+struct Op {
+    engine: EngineId,
+    /// The engine's node.
+    node: NodeId,
+    generation: Generation,
+    /// Logical clock at issue.
+    issued: u64,
+    kind: OpKind,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Version {
+    tag: u64,
+    generation: u64,
+    /// Logical clock at completion.
+    at: u64,
+}
+
+/// The reference model of one block.
+#[derive(Debug, Clone)]
+struct Block {
+    /// Acknowledged versions in the order replicas apply them, from the
+    /// last durable one.
+    chain: Vec<Version>,
+    /// The newest version may have been lost with every copy of it.
+    lossy: bool,
+    /// Versions below this index were possible contents at once (the
+    /// block was lossy when the next version completed): a flush issued
+    /// then made one of them durable, not necessarily the newest.
+    ambiguous: usize,
+    /// Writes of unknown outcome: (tag, logical clock when they ended,
+    /// when an acknowledged write issued after that end completed). A
+    /// superseded one may still come back when that write is lost, until a
+    /// durable version replaces it: a FUA write issued after its end, or a
+    /// flush issued after the superseding write completed.
+    unknown: Vec<(u64, u64, Option<u64>)>,
+}
+
+impl Block {
+    fn allowed(&self) -> BTreeSet<u64> {
+        let mut allowed: BTreeSet<u64> = if self.lossy {
+            self.chain.iter().map(|v| v.tag).collect()
+        } else {
+            self.chain.last().map(|v| v.tag).into_iter().collect()
+        };
+        allowed.extend(
+            self.unknown
+                .iter()
+                .filter(|&&(_, _, superseded)| self.lossy || superseded.is_none())
+                .map(|&(tag, _, _)| tag),
+        );
+        allowed
+    }
+}
+
+#[derive(Debug)]
+enum Ev {
+    Step,
+    Tick,
+    /// Primary → replica on a link.
+    Deliver {
+        link: LinkId,
+        message: ToReplica,
+        op: Option<u64>,
+    },
+    /// Replica → primary.
+    Reply {
+        link: LinkId,
+        message: FromReplica,
+    },
+    Close {
+        link: LinkId,
+    },
+    Connect {
+        engine: EngineId,
+        node: NodeId,
+    },
+    Disk {
+        node: NodeId,
+        incarnation: u64,
+    },
+    Persist {
+        node: NodeId,
+        incarnation: u64,
+        op: PersistOp,
+    },
+    /// A proposal reaches the arbiter.
+    Apply {
+        engine: EngineId,
+        generation: Generation,
+        id: u64,
+        proposal: Proposal,
+    },
+    Answer {
+        engine: EngineId,
+        id: u64,
+        result: ProposalResult,
+    },
+    View {
+        engine: EngineId,
+    },
+    Restart {
+        node: NodeId,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Run,
+    /// Everything healed; waiting for the final engine to converge.
+    Converge,
+    FinalFlush(u64),
+    Sweep,
+    Done,
+}
+
+struct Arbiter {
+    view: View,
+    current: Option<EngineId>,
+}
+
+struct Sim {
+    seed: u64,
+    cfg: ReplicationSimConfig,
+    rng: StdRng,
+    /// Latencies: separate, so that the fault schedule does not shift when
+    /// one more message is sent.
+    lat: StdRng,
+    now: Time,
+    queue: BTreeMap<(Time, u64), Ev>,
+    queued: u64,
+    blocks: u64,
+    nodes: BTreeMap<NodeId, Node>,
+    links: BTreeMap<LinkId, Link>,
+    next_link: LinkId,
+    engines: BTreeMap<EngineId, Engine>,
+    next_engine: EngineId,
+    arbiter: Arbiter,
+    ops: BTreeMap<u64, Op>,
+    next_op: u64,
+    /// Payload address → client write.
+    payloads: BTreeMap<usize, u64>,
+    model: Vec<Block>,
+    /// Logical clock: orders issues, completions and crashes.
+    lc: u64,
+    phase: Phase,
+    steps_done: usize,
+    settle_started: Time,
+    final_crash_done: bool,
+    scrubs: u64,
+    partitioned: BTreeSet<NodeId>,
+    heal_at: Time,
+    /// Nodes cut off from the control plane only.
+    control_cut: BTreeSet<NodeId>,
+    control_heal_at: Time,
+    failover_at: Option<Time>,
+    events: VecDeque<String>,
+    report: ReplicationSimReport,
+    violation: Option<String>,
+}
+
+impl Sim {
+    fn new(seed: u64, cfg: ReplicationSimConfig) -> Sim {
+        let blocks = cfg.size_bytes / BLOCK;
+        let report = ReplicationSimReport {
+            seed,
+            diskful: cfg.diskful,
+            tiebreakers: cfg.tiebreakers,
+            digest: 0xcbf2_9ce4_8422_2325,
+            ..ReplicationSimReport::default()
+        };
+        let mut nodes = BTreeMap::new();
+        for n in 1..=(cfg.diskful + cfg.tiebreakers) as u64 {
+            let diskful = n <= cfg.diskful as u64;
+            let durable = Durable {
+                accepted: Generation(0),
+                primary_at: None,
+                clean: true,
+                dirty_maps: BTreeMap::new(),
+            };
+            nodes.insert(
+                NodeId(n),
+                Node {
+                    diskful,
+                    up: true,
+                    incarnation: 1,
+                    crashed_lc: 0,
+                    side: Some(ReplicaSide::new(Generation(0), None, true)),
+                    durable,
+                    persist_at: 0,
+                    disk: diskful.then(|| Disk::new(blocks)),
+                    links: BTreeSet::new(),
+                    max_accepted: Generation(0),
+                },
+            );
+        }
+        let view = View {
+            generation: Generation(1),
+            primaries: BTreeSet::new(),
+            diskful: (1..=cfg.diskful as u64).map(NodeId).collect(),
+            tiebreakers: (cfg.diskful as u64 + 1..=(cfg.diskful + cfg.tiebreakers) as u64)
+                .map(NodeId)
+                .collect(),
+            in_sync: (1..=cfg.initial_in_sync as u64).map(NodeId).collect(),
+        };
+        Sim {
+            seed,
+            rng: StdRng::seed_from_u64(seed),
+            lat: StdRng::seed_from_u64(seed ^ 0x6c61_7465_6e63_7921),
+            cfg,
+            now: 0,
+            queue: BTreeMap::new(),
+            queued: 0,
+            blocks,
+            nodes,
+            links: BTreeMap::new(),
+            next_link: 1,
+            engines: BTreeMap::new(),
+            next_engine: 1,
+            arbiter: Arbiter {
+                view,
+                current: None,
+            },
+            ops: BTreeMap::new(),
+            next_op: 1,
+            payloads: BTreeMap::new(),
+            model: vec![
+                Block {
+                    chain: vec![Version {
+                        tag: 0,
+                        generation: 0,
+                        at: 0,
+                    }],
+                    lossy: false,
+                    ambiguous: 0,
+                    unknown: Vec::new(),
+                };
+                blocks as usize
+            ],
+            lc: 1,
+            phase: Phase::Run,
+            steps_done: 0,
+            settle_started: 0,
+            final_crash_done: false,
+            scrubs: 0,
+            partitioned: BTreeSet::new(),
+            heal_at: 0,
+            control_cut: BTreeSet::new(),
+            control_heal_at: 0,
+            failover_at: None,
+            events: VecDeque::new(),
+            report,
+            violation: None,
+        }
+    }
+
+    // --- bookkeeping ---------------------------------------------------------
+
+    fn log(&mut self, text: String) {
+        let line = format!("[{:>8.3}s] {text}", self.now as f64 / 1000.0);
+        self.report.digest = fnv(self.report.digest, line.as_bytes());
+        if self.cfg.trace {
+            eprintln!("replication sim seed {}: {line}", self.seed);
+        }
+        if self.events.len() == EVENTS_SHOWN {
+            self.events.pop_front();
+        }
+        self.events.push_back(line);
+    }
+
+    fn violate(&mut self, what: String) {
+        if self.violation.is_none() {
+            self.log(format!("VIOLATION: {what}"));
+            self.violation = Some(what);
+        }
+    }
+
+    fn failure_text(&self, what: &str) -> String {
+        let mut text = format!(
+            "seed {} ({} diskful, {} tiebreaker, {} KiB, {:?}, resync rate {}, fence closes old links {}): {what}\nat {} ms, arbiter generation {} in sync {:?}\nlast events:\n",
+            self.seed,
+            self.cfg.diskful,
+            self.cfg.tiebreakers,
+            self.cfg.size_bytes >> 10,
+            self.cfg.policy,
+            self.cfg.resync_rate,
+            self.cfg.fence_closes_old_links,
+            self.now,
+            self.arbiter.view.generation,
+            self.arbiter.view.in_sync.iter().map(|n| n.0).collect::<Vec<_>>(),
+        );
+        for line in &self.events {
+            text.push_str("  ");
+            text.push_str(line);
+            text.push('\n');
+        }
+        text
+    }
+
+    fn at(&mut self, time: Time, event: Ev) {
+        self.queued += 1;
+        self.queue.insert((time, self.queued), event);
+    }
+
+    fn tick_lc(&mut self) -> u64 {
+        self.lc += 1;
+        self.lc
+    }
+
+    fn net_delay(&mut self, from: NodeId, to: NodeId) -> Time {
+        if from == to {
+            self.lat.gen_range(0..=1)
+        } else if self.lat.gen_bool(0.1) {
+            self.lat.gen_range(5..=40)
+        } else {
+            self.lat.gen_range(1..=5)
+        }
+    }
+
+    /// Whether the control plane reaches the node.
+    fn reachable(&self, node: NodeId) -> bool {
+        self.nodes[&node].up
+            && !self.partitioned.contains(&node)
+            && !self.control_cut.contains(&node)
+    }
+
+    fn can_link(&self, a: NodeId, b: NodeId) -> bool {
+        self.nodes[&a].up
+            && self.nodes[&b].up
+            && (a == b || self.partitioned.contains(&a) == self.partitioned.contains(&b))
+    }
+
+    fn diskful_nodes(&self) -> Vec<NodeId> {
+        self.nodes
+            .iter()
+            .filter(|(_, n)| n.diskful)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    // --- the loop --------------------------------------------------------------
+
+    fn run(&mut self) -> Result<ReplicationSimReport, String> {
+        self.log(format!(
+            "start: {} diskful, {} tiebreaker, {} blocks, in sync {:?}",
+            self.cfg.diskful, self.cfg.tiebreakers, self.blocks, self.arbiter.view.in_sync
+        ));
+        let in_sync: Vec<NodeId> = self.arbiter.view.in_sync.iter().copied().collect();
+        let first = *in_sync.choose(&mut self.rng).expect("in sync");
+        self.attach(first);
+        self.drain_all();
+        self.at(0, Ev::Step);
+        self.at(0, Ev::Tick);
+        let mut events = 0u64;
+        while let Some(((time, _), event)) = self.queue.pop_first() {
+            self.now = time;
+            events += 1;
+            self.handle(event);
+            self.drain_all();
+            self.check_step();
+            if let Some(what) = self.violation.take() {
+                return Err(self.failure_text(&what));
+            }
+            if self.phase == Phase::Done {
+                break;
+            }
+            if events > MAX_EVENTS {
+                return Err(self.failure_text("livelock: too many events"));
+            }
+        }
+        if self.phase != Phase::Done {
+            return Err(self.failure_text("the event queue ran dry"));
+        }
+        self.report.events = events;
+        self.report.sim_time_ms = self.now;
+        self.report.final_generation = self.arbiter.view.generation.0;
+        Ok(self.report.clone())
+    }
+
+    fn handle(&mut self, event: Ev) {
+        match event {
+            Ev::Step => {
+                self.step();
+                let next = self.now + self.cfg.step_ms;
+                self.at(next, Ev::Step);
+            }
+            Ev::Tick => {
+                let ids: Vec<EngineId> = self.engines.keys().copied().collect();
+                for id in ids {
+                    let now = self.now;
+                    if let Some(engine) = self.engines.get_mut(&id) {
+                        engine.primary.tick(now);
+                    }
+                }
+                let next = self.now + TICK_MS;
+                self.at(next, Ev::Tick);
+            }
+            Ev::Deliver { link, message, op } => self.replica_receive(link, message, op),
+            Ev::Reply { link, message } => self.engine_receive(link, message),
+            Ev::Close { link } => self.close_link(link),
+            Ev::Connect { engine, node } => self.connect(engine, node),
+            Ev::Disk { node, incarnation } => self.disk_run(node, incarnation),
+            Ev::Persist {
+                node,
+                incarnation,
+                op,
+            } => self.persist_done(node, incarnation, op),
+            Ev::Apply {
+                engine,
+                generation,
+                id,
+                proposal,
+            } => self.arbiter_apply(engine, generation, id, proposal),
+            Ev::Answer { engine, id, result } => {
+                let Some(node) = self.engines.get(&engine).map(|e| e.node) else {
+                    return;
+                };
+                if !self.reachable(node) {
+                    return;
+                }
+                self.log(format!(
+                    "engine {engine}: proposal {id} answered {result:?}"
+                ));
+                let now = self.now;
+                let engine = self.engines.get_mut(&engine).expect("checked");
+                engine.primary.proposal_result(id, result, now);
+            }
+            Ev::View { engine } => {
+                let Some(node) = self.engines.get(&engine).map(|e| e.node) else {
+                    return;
+                };
+                if !self.reachable(node) {
+                    return;
+                }
+                let view = self.arbiter.view.clone();
+                self.log(format!(
+                    "engine {engine}: view g{} in sync {:?}",
+                    view.generation,
+                    view.in_sync.iter().map(|n| n.0).collect::<Vec<_>>()
+                ));
+                let now = self.now;
+                let engine = self.engines.get_mut(&engine).expect("checked");
+                engine.primary.view(view, now);
+            }
+            Ev::Restart { node } => self.restart(node),
+        }
+    }
+
+    /// Carries out what the engines asked for, until none asks more. Only
+    /// here: actions are handled in the order each engine emitted them.
+    fn drain_all(&mut self) {
+        loop {
+            let mut any = false;
+            let ids: Vec<EngineId> = self.engines.keys().copied().collect();
+            for id in ids {
+                let actions = match self.engines.get_mut(&id) {
+                    Some(engine) => engine.primary.take_actions(),
+                    None => continue,
+                };
+                if actions.is_empty() {
+                    continue;
+                }
+                any = true;
+                for action in actions {
+                    self.act(id, action);
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        // A new engine's first moments as a server: sweep the volume.
+        let ids: Vec<EngineId> = self.engines.keys().copied().collect();
+        for id in ids {
+            let engine = self.engines.get_mut(&id).expect("listed");
+            if !engine.serving_seen && engine.primary.is_serving() {
+                engine.serving_seen = true;
+                engine.sweep = Some(0);
+                let generation = engine.generation;
+                self.log(format!("engine {id}: serving at g{generation}; sweep"));
+            }
+        }
+    }
+
+    fn check_step(&mut self) {
+        let current: Vec<EngineId> = self
+            .engines
+            .iter()
+            .filter(|(_, e)| e.generation == self.arbiter.view.generation)
+            .map(|(&id, _)| id)
+            .collect();
+        if current.len() > 1 {
+            self.violate(format!(
+                "two engines at the arbiter's generation: {current:?}"
+            ));
+        }
+        for (id, engine) in &self.engines {
+            if engine.generation > self.arbiter.view.generation {
+                let what = format!("engine {id} is ahead of the arbiter");
+                self.violation.get_or_insert(what);
+                break;
+            }
+        }
+    }
+
+    // --- steps: faults, failover, workload -----------------------------------
+
+    fn step(&mut self) {
+        match self.phase {
+            Phase::Run => {
+                self.steps_done += 1;
+                self.faults();
+                self.failover();
+                self.workload();
+                self.sweep_pump();
+                if self.steps_done >= self.cfg.steps {
+                    self.begin_settle();
+                }
+            }
+            Phase::Converge | Phase::FinalFlush(_) | Phase::Sweep => {
+                self.failover();
+                self.sweep_pump();
+                self.settle();
+            }
+            Phase::Done => {}
+        }
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && self.rng.gen_bool(p)
+    }
+
+    fn faults(&mut self) {
+        let all: Vec<NodeId> = self.nodes.keys().copied().collect();
+        let down = self.nodes.values().filter(|n| !n.up).count();
+        let max_down = if all.len() >= 5 { 2 } else { 1 };
+        if down < max_down && self.chance(self.cfg.crash) {
+            let primary = self
+                .arbiter
+                .current
+                .and_then(|id| self.engines.get(&id))
+                .map(|e| e.node);
+            let up: Vec<NodeId> = all.iter().copied().filter(|n| self.nodes[n].up).collect();
+            let target = match primary {
+                Some(node) if self.rng.gen_bool(0.35) => Some(node),
+                _ => up.choose(&mut self.rng).copied(),
+            };
+            if let Some(node) = target {
+                self.crash(node);
+                let delay = self.rng.gen_range(300..=8_000);
+                let time = self.now + delay;
+                self.at(time, Ev::Restart { node });
+            }
+        }
+        if self.partitioned.is_empty() {
+            if self.chance(self.cfg.partition) {
+                let mut shuffled = all.clone();
+                shuffled.shuffle(&mut self.rng);
+                let size = self.rng.gen_range(1..=(all.len() - 1).max(1));
+                let mut cut: BTreeSet<NodeId> = shuffled.into_iter().take(size).collect();
+                // Sometimes the primary is cut off with a minority.
+                if self.rng.gen_bool(0.3) {
+                    if let Some(node) = self
+                        .arbiter
+                        .current
+                        .and_then(|id| self.engines.get(&id))
+                        .map(|e| e.node)
+                    {
+                        cut = [node].into_iter().collect();
+                        if all.len() > 3 && self.rng.gen_bool(0.5) {
+                            if let Some(&other) = all.iter().find(|&&n| n != node) {
+                                cut.insert(other);
+                            }
+                        }
+                    }
+                }
+                let duration = self.rng.gen_range(500..=15_000);
+                self.heal_at = self.now + duration;
+                self.partition(cut);
+            }
+        } else if self.now >= self.heal_at {
+            self.heal();
+        }
+        if self.control_cut.is_empty() {
+            if self.chance(self.cfg.control_partition) {
+                let node = match self.current_node() {
+                    Some(node) if self.rng.gen_bool(0.8) => node,
+                    _ => *all.choose(&mut self.rng).expect("nodes"),
+                };
+                self.control_heal_at = self.now + self.rng.gen_range(500..=15_000);
+                self.report.partitions += 1;
+                self.log(format!(
+                    "fault: node {node} cut off from the control plane until {}",
+                    self.control_heal_at
+                ));
+                self.control_cut.insert(node);
+            }
+        } else if self.now >= self.control_heal_at {
+            self.heal_control();
+        }
+        if self.chance(self.cfg.link_drop) {
+            let open: Vec<LinkId> = self
+                .links
+                .iter()
+                .filter(|(_, l)| l.state == LinkState::Open)
+                .map(|(&id, _)| id)
+                .collect();
+            if let Some(&link) = open.choose(&mut self.rng) {
+                self.report.link_drops += 1;
+                self.log(format!("fault: drop link {link}"));
+                self.close_link(link);
+            }
+        }
+        let diskful = self.diskful_nodes();
+        if self.chance(self.cfg.slow_disk) {
+            let node = *diskful.choose(&mut self.rng).expect("diskful");
+            let until = self.now + self.rng.gen_range(500..=10_000);
+            self.log(format!("fault: node {node}'s disk slow until {until}"));
+            self.nodes
+                .get_mut(&node)
+                .unwrap()
+                .disk
+                .as_mut()
+                .unwrap()
+                .slow_until = until;
+        }
+        if self.chance(self.cfg.stall) {
+            let node = *diskful.choose(&mut self.rng).expect("diskful");
+            let until = self.now + self.rng.gen_range(3_000..=9_000);
+            self.report.stalls += 1;
+            self.log(format!("fault: node {node}'s disk stalls until {until}"));
+            self.nodes
+                .get_mut(&node)
+                .unwrap()
+                .disk
+                .as_mut()
+                .unwrap()
+                .stall_until = until;
+        }
+        if self.chance(self.cfg.io_error) {
+            let node = *diskful.choose(&mut self.rng).expect("diskful");
+            let until = self.now + self.rng.gen_range(50..=4_000);
+            self.report.io_faults += 1;
+            self.log(format!("fault: node {node}'s disk fails I/O until {until}"));
+            self.nodes
+                .get_mut(&node)
+                .unwrap()
+                .disk
+                .as_mut()
+                .unwrap()
+                .io_until = until;
+        }
+        if self.chance(self.cfg.bit_flip) {
+            let node = *diskful.choose(&mut self.rng).expect("diskful");
+            let block = self.rng.gen_range(0..self.blocks);
+            self.report.bit_flips += 1;
+            self.log(format!("fault: bit flip on node {node}, block {block}"));
+            self.nodes
+                .get_mut(&node)
+                .unwrap()
+                .disk
+                .as_mut()
+                .unwrap()
+                .corrupt[block as usize] = true;
+        }
+        if self.chance(self.cfg.failover) {
+            if let Some(node) = self.current_node() {
+                let candidates: Vec<NodeId> = diskful
+                    .iter()
+                    .copied()
+                    .filter(|&n| n != node && self.reachable(n))
+                    .collect();
+                if let Some(&target) = candidates.choose(&mut self.rng) {
+                    self.report.forced_failovers += 1;
+                    self.log(format!(
+                        "control: forced move of the primary to node {target}"
+                    ));
+                    self.attach(target);
+                }
+            }
+        }
+        if self.chance(self.cfg.detach) {
+            if let Some(id) = self.arbiter.current {
+                let now = self.now;
+                let engine = self.engines.get_mut(&id).expect("current");
+                if engine.detach_started.is_none() {
+                    engine.detach_started = Some(now);
+                    engine.primary.detach(now);
+                    self.report.detaches += 1;
+                    self.log(format!("control: detach engine {id}"));
+                }
+            }
+        }
+    }
+
+    fn current_node(&self) -> Option<NodeId> {
+        self.arbiter
+            .current
+            .and_then(|id| self.engines.get(&id))
+            .map(|e| e.node)
+    }
+
+    /// Attaches a new primary when the current one is gone, cut off, or
+    /// stuck detaching.
+    fn failover(&mut self) {
+        let healthy = match self.arbiter.current.and_then(|id| self.engines.get(&id)) {
+            Some(engine) => {
+                self.reachable(engine.node)
+                    && engine
+                        .detach_started
+                        .is_none_or(|since| self.now.saturating_sub(since) < 20_000)
+            }
+            None => false,
+        };
+        if healthy {
+            self.failover_at = None;
+            return;
+        }
+        let Some(at) = self.failover_at else {
+            let delay = if self.arbiter.current.is_none() && self.arbiter.view.primaries.is_empty()
+            {
+                // Detached: the next attach comes soon.
+                self.rng.gen_range(50..=1_000)
+            } else {
+                self.rng.gen_range(1_000..=6_000)
+            };
+            self.failover_at = Some(self.now + delay);
+            return;
+        };
+        if self.now < at {
+            return;
+        }
+        let current = self.current_node();
+        let mut candidates: Vec<NodeId> = self
+            .diskful_nodes()
+            .into_iter()
+            .filter(|&n| self.reachable(n) && Some(n) != current)
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        // Mostly an up-to-date node.
+        if self.rng.gen_bool(0.7) {
+            let in_sync: Vec<NodeId> = candidates
+                .iter()
+                .copied()
+                .filter(|n| self.arbiter.view.in_sync.contains(n))
+                .collect();
+            if !in_sync.is_empty() {
+                candidates = in_sync;
+            }
+        }
+        let node = *candidates.choose(&mut self.rng).expect("not empty");
+        self.failover_at = None;
+        self.attach(node);
+    }
+
+    fn attach(&mut self, node: NodeId) {
+        if self.arbiter.view.in_sync.is_empty() {
+            self.log(format!(
+                "control: attach on node {node} refused: no up-to-date replica"
+            ));
+            return;
+        }
+        let generation = self.arbiter.view.generation.next();
+        self.arbiter.view.generation = generation;
+        self.arbiter.view.primaries = [node].into_iter().collect();
+        let id = self.next_engine;
+        self.next_engine += 1;
+        self.report.attaches += 1;
+        let n = self.nodes.get_mut(&node).expect("a node");
+        n.side
+            .as_mut()
+            .expect("an attached node is up")
+            .set_primary_at(generation);
+        n.durable.primary_at = Some(generation);
+        let config = EngineConfig {
+            me: node,
+            size_bytes: self.cfg.size_bytes,
+            view: self.arbiter.view.clone(),
+            policy: self.cfg.policy,
+            resync_rate: self.cfg.resync_rate,
+            dirty_maps: n.durable.dirty_maps.clone(),
+        };
+        let maps: Vec<String> = config
+            .dirty_maps
+            .iter()
+            .map(|(peer, map)| {
+                format!(
+                    "{peer}: since g{} full {} {:?}",
+                    map.since,
+                    map.full,
+                    map.regions.iter().collect::<Vec<_>>()
+                )
+            })
+            .collect();
+        self.log(format!(
+            "control: attach engine {id} on node {node} at g{generation}, in sync {:?}, dirty maps {maps:?}",
+            self.arbiter.view.in_sync.iter().map(|n| n.0).collect::<Vec<_>>()
+        ));
+        let primary = Primary::new(config, self.now);
+        self.engines.insert(
+            id,
+            Engine {
+                node,
+                generation,
+                primary,
+                links: BTreeMap::new(),
+                want: BTreeSet::new(),
+                connecting: BTreeSet::new(),
+                local_readable: false,
+                view_at: self.now,
+                serving_seen: false,
+                detach_started: None,
+                sweep: None,
+                sweep_blocks: SWEEP_BLOCKS,
+            },
+        );
+        self.arbiter.current = Some(id);
+        self.views_changed();
+    }
+
+    fn partition(&mut self, cut: BTreeSet<NodeId>) {
+        self.report.partitions += 1;
+        self.log(format!(
+            "fault: partition {:?} until {}",
+            cut.iter().map(|n| n.0).collect::<Vec<_>>(),
+            self.heal_at
+        ));
+        self.partitioned = cut;
+        let crossing: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| {
+                l.primary != l.member
+                    && self.partitioned.contains(&l.primary) != self.partitioned.contains(&l.member)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for link in crossing {
+            self.close_link(link);
+        }
+    }
+
+    fn heal_control(&mut self) {
+        if self.control_cut.is_empty() {
+            return;
+        }
+        self.log("fault: control plane reachable again".into());
+        self.control_cut.clear();
+        self.views_changed();
+    }
+
+    fn heal(&mut self) {
+        if self.partitioned.is_empty() {
+            return;
+        }
+        self.log("fault: partition healed".into());
+        self.partitioned.clear();
+        self.views_changed();
+    }
+
+    // --- the workload ------------------------------------------------------------
+
+    fn random_range(&mut self) -> (u64, u64) {
+        let count = if self.rng.gen_bool(0.5) {
+            self.rng.gen_range(1..=2)
+        } else {
+            self.rng.gen_range(1..=16)
+        };
+        let per_region = REGION_BYTES / BLOCK;
+        let regions = self.blocks.div_ceil(per_region);
+        let first = match self.rng.gen_range(0..10) {
+            0..=3 => self.rng.gen_range(0..48.min(self.blocks)),
+            4..=5 => {
+                let region = self.rng.gen_range(1..regions.max(2));
+                (region * per_region).saturating_sub(self.rng.gen_range(0..16))
+            }
+            _ => self.rng.gen_range(0..self.blocks),
+        };
+        let first = first.min(self.blocks - 1);
+        (first, count.min(self.blocks - first))
+    }
+
+    fn workload(&mut self) {
+        let ids: Vec<EngineId> = self.engines.keys().copied().collect();
+        for id in ids {
+            let current = self.arbiter.current == Some(id);
+            let outstanding = self
+                .ops
+                .values()
+                .filter(|op| {
+                    op.engine == id && !matches!(op.kind, OpKind::Read { sweep: true, .. })
+                })
+                .count();
+            if outstanding >= self.cfg.max_outstanding {
+                continue;
+            }
+            let rate = if current {
+                self.cfg.op_rate
+            } else {
+                self.cfg.op_rate / 4.0
+            };
+            if !self.chance(rate) {
+                continue;
+            }
+            let kind = self.rng.gen_range(0..100);
+            match kind {
+                0..=44 => self.issue_write(id, false, false),
+                45..=54 => self.issue_write(id, true, false),
+                55..=62 => {
+                    let fua = self.rng.gen_bool(0.2);
+                    self.issue_write(id, fua, true)
+                }
+                63..=69 => {
+                    self.issue_flush(id);
+                }
+                _ => {
+                    let (first, count) = self.random_range();
+                    let local = self.engines[&id].local_readable && self.rng.gen_bool(0.4);
+                    self.issue_read(id, first, count, local, false);
+                }
+            }
+        }
+    }
+
+    fn sweep_pump(&mut self) {
+        let ids: Vec<EngineId> = self.engines.keys().copied().collect();
+        for id in ids {
+            while let Some(next) = self.engines[&id].sweep {
+                if next >= self.blocks {
+                    let pending = self.ops.values().any(|op| {
+                        op.engine == id && matches!(op.kind, OpKind::Read { sweep: true, .. })
+                    });
+                    if !pending {
+                        let engine = self.engines.get_mut(&id).expect("listed");
+                        engine.sweep = None;
+                        engine.sweep_blocks = SWEEP_BLOCKS;
+                        self.log(format!("engine {id}: sweep done"));
+                    }
+                    break;
+                }
+                let in_flight = self
+                    .ops
+                    .values()
+                    .filter(|op| {
+                        op.engine == id && matches!(op.kind, OpKind::Read { sweep: true, .. })
+                    })
+                    .count();
+                let (window, blocks) = match self.engines[&id].sweep_blocks {
+                    1 => (4 * SWEEP_WINDOW, 1),
+                    blocks => (SWEEP_WINDOW, blocks),
+                };
+                if in_flight >= window {
+                    break;
+                }
+                let count = blocks.min(self.blocks - next);
+                self.engines.get_mut(&id).expect("listed").sweep = Some(next + count);
+                self.issue_read(id, next, count, false, true);
+            }
+        }
+    }
+
+    fn new_op(&mut self, engine: EngineId, kind: OpKind) -> u64 {
+        let id = self.next_op;
+        self.next_op += 1;
+        let issued = self.tick_lc();
+        let generation = self.engines[&engine].generation;
+        let node = self.engines[&engine].node;
+        self.ops.insert(
+            id,
+            Op {
+                engine,
+                node,
+                generation,
+                issued,
+                kind,
+            },
+        );
+        id
+    }
+
+    fn issue_write(&mut self, engine: EngineId, fua: bool, zero: bool) {
+        let (first, count) = self.random_range();
+        self.issue_write_at(engine, first, count, fua, zero);
+    }
+
+    fn issue_write_at(&mut self, engine: EngineId, first: u64, count: u64, fua: bool, zero: bool) {
+        let id = self.next_op;
+        let tags: Vec<u64> = if zero {
+            vec![0; count as usize]
+        } else {
+            (0..count).map(|i| tag_for(id, i)).collect()
+        };
+        let payload = if zero {
+            Payload::Zeroes {
+                length: count * BLOCK,
+                trim: self.rng.gen_bool(0.5),
+            }
+        } else {
+            Payload::Data(Arc::from(data_of(&tags)))
+        };
+        if let Payload::Data(data) = &payload {
+            self.payloads.insert(data.as_ptr() as usize, id);
+        }
+        // Reads in flight over these blocks may see it.
+        for op in self.ops.values_mut() {
+            if let OpKind::Read {
+                first: read_first,
+                count: read_count,
+                allowed,
+                ..
+            } = &mut op.kind
+            {
+                for b in first.max(*read_first)..(first + count).min(*read_first + *read_count) {
+                    allowed[(b - *read_first) as usize].insert(tags[(b - first) as usize]);
+                }
+            }
+        }
+        let op = self.new_op(
+            engine,
+            OpKind::Write {
+                first,
+                tags,
+                fua,
+                zero,
+                payload: Some(payload.clone()),
+                admitted: BTreeMap::new(),
+            },
+        );
+        debug_assert_eq!(op, id);
+        self.log(format!(
+            "client: op{op} on engine {engine}: write b{first}+{count}{}{}",
+            if fua { " fua" } else { "" },
+            if zero { " zeroes" } else { "" }
+        ));
+        let now = self.now;
+        self.engines
+            .get_mut(&engine)
+            .expect("running")
+            .primary
+            .client(
+                op,
+                ClientRequest::Write {
+                    offset: first * BLOCK,
+                    payload,
+                    fua,
+                },
+                now,
+            );
+    }
+
+    fn issue_flush(&mut self, engine: EngineId) -> u64 {
+        let op = self.new_op(engine, OpKind::Flush);
+        self.log(format!("client: op{op} on engine {engine}: flush"));
+        let now = self.now;
+        self.engines
+            .get_mut(&engine)
+            .expect("running")
+            .primary
+            .client(op, ClientRequest::Flush, now);
+        op
+    }
+
+    fn issue_read(&mut self, engine: EngineId, first: u64, count: u64, local: bool, sweep: bool) {
+        let mut allowed: Vec<BTreeSet<u64>> = (first..first + count)
+            .map(|b| self.model[b as usize].allowed())
+            .collect();
+        for op in self.ops.values() {
+            if let OpKind::Write {
+                first: write_first,
+                tags,
+                ..
+            } = &op.kind
+            {
+                let end = write_first + tags.len() as u64;
+                for b in first.max(*write_first)..(first + count).min(end) {
+                    allowed[(b - first) as usize].insert(tags[(b - write_first) as usize]);
+                }
+            }
+        }
+        let op = self.new_op(
+            engine,
+            OpKind::Read {
+                first,
+                count,
+                local,
+                sweep,
+                allowed,
+            },
+        );
+        self.log(format!(
+            "client: op{op} on engine {engine}: {}read b{first}+{count}",
+            if sweep {
+                "sweep "
+            } else if local {
+                "local "
+            } else {
+                ""
+            }
+        ));
+        if local {
+            self.report.local_reads += 1;
+            let node = self.engines[&engine].node;
+            self.disk_submit(node, 0, DiskKind::LocalRead { op, first, count });
+        } else {
+            let now = self.now;
+            self.engines
+                .get_mut(&engine)
+                .expect("running")
+                .primary
+                .client(
+                    op,
+                    ClientRequest::Read {
+                        offset: first * BLOCK,
+                        length: count * BLOCK,
+                    },
+                    now,
+                );
+        }
+    }
+
+    // --- the settle phase --------------------------------------------------------
+
+    fn begin_settle(&mut self) {
+        self.log("settle: heal everything".into());
+        self.phase = Phase::Converge;
+        self.settle_started = self.now;
+        self.heal();
+        self.heal_control();
+        let nodes: Vec<NodeId> = self.nodes.keys().copied().collect();
+        for node in nodes {
+            if !self.nodes[&node].up {
+                self.restart(node);
+            }
+            if let Some(disk) = self.nodes.get_mut(&node).unwrap().disk.as_mut() {
+                disk.slow_until = 0;
+                disk.stall_until = 0;
+                disk.io_until = 0;
+            }
+        }
+    }
+
+    /// Why the volume has not converged yet, if it has not.
+    fn not_converged(&self) -> Option<String> {
+        let Some(id) = self.arbiter.current else {
+            return Some("no engine".into());
+        };
+        let Some(engine) = self.engines.get(&id) else {
+            return Some("the current engine is gone".into());
+        };
+        if self.engines.len() > 1 {
+            return Some(format!(
+                "fenced engines still run: {:?}",
+                self.engines
+                    .keys()
+                    .filter(|&&e| e != id)
+                    .collect::<Vec<_>>()
+            ));
+        }
+        if let Some(node) = self.nodes.iter().find(|(_, n)| !n.up).map(|(&id, _)| id) {
+            return Some(format!("node {node} is down"));
+        }
+        if !engine.primary.is_serving() {
+            return Some("the engine is not serving".into());
+        }
+        if engine.detach_started.is_some() {
+            return Some("the engine is detaching".into());
+        }
+        let diskful: BTreeSet<NodeId> = self.diskful_nodes().into_iter().collect();
+        if self.arbiter.view.in_sync != diskful {
+            return Some(format!(
+                "in sync {:?}, members {:?}",
+                self.arbiter.view.in_sync,
+                engine.primary.member_states()
+            ));
+        }
+        let states = engine.primary.member_states();
+        if states.iter().any(|(_, state, _)| state != "up-to-date") {
+            return Some(format!("member states {states:?}"));
+        }
+        let waiting: Vec<u64> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| !matches!(op.kind, OpKind::Read { sweep: true, .. }))
+            .map(|(&id, _)| id)
+            .collect();
+        if !waiting.is_empty() {
+            return Some(format!("client requests still in flight: {waiting:?}"));
+        }
+        None
+    }
+
+    fn settle(&mut self) {
+        if self.now.saturating_sub(self.settle_started) > SETTLE_LIMIT_MS {
+            let why = self
+                .not_converged()
+                .unwrap_or_else(|| format!("{:?}", self.phase));
+            self.violate(format!(
+                "no convergence within {} s of healing: {why}",
+                SETTLE_LIMIT_MS / 1000
+            ));
+            return;
+        }
+        match self.phase {
+            Phase::Converge => {
+                self.restore_lost_blocks();
+                if self.not_converged().is_some() {
+                    self.scrub();
+                    return;
+                }
+                let engine = self.arbiter.current.expect("converged");
+                let op = self.issue_flush(engine);
+                self.log(format!("settle: converged; final flush op{op}"));
+                self.phase = Phase::FinalFlush(op);
+            }
+            Phase::FinalFlush(op) => {
+                if self.ops.contains_key(&op) {
+                    return;
+                }
+                self.check_convergence();
+                if self.cfg.final_crash && !self.final_crash_done {
+                    self.final_crash_done = true;
+                    let node = if self.rng.gen_bool(0.5) {
+                        self.current_node().expect("converged")
+                    } else {
+                        *self.diskful_nodes().choose(&mut self.rng).expect("diskful")
+                    };
+                    self.log(format!("settle: final crash of node {node}"));
+                    self.crash(node);
+                    let time = self.now + self.rng.gen_range(200..=3_000);
+                    self.at(time, Ev::Restart { node });
+                    self.phase = Phase::Converge;
+                } else {
+                    let engine = self.arbiter.current.expect("converged");
+                    self.engines.get_mut(&engine).expect("current").sweep = Some(0);
+                    self.log("settle: final sweep".into());
+                    self.phase = Phase::Sweep;
+                }
+            }
+            Phase::Sweep => {
+                let engine = self.arbiter.current.expect("converged");
+                let done = self.engines.get(&engine).is_some_and(|e| e.sweep.is_none());
+                if done {
+                    let counters: Vec<_> =
+                        self.engines.values().map(|e| e.primary.counters).collect();
+                    for counters in counters {
+                        self.count(counters);
+                    }
+                    self.log("settle: done".into());
+                    self.phase = Phase::Done;
+                } else if !self.engines.contains_key(&engine) {
+                    self.violate("the final engine vanished during the sweep".into());
+                }
+            }
+            Phase::Run | Phase::Done => {}
+        }
+    }
+
+    /// Every 10 s without convergence, a read sweep through the engine: its
+    /// read failover repairs blocks that are bad on one copy, which a
+    /// resync cannot copy when every source has a bad block in the region.
+    fn scrub(&mut self) {
+        let Some(engine) = self.arbiter.current else {
+            return;
+        };
+        let Some(e) = self.engines.get_mut(&engine) else {
+            return;
+        };
+        if !e.primary.is_serving() || e.sweep.is_some() {
+            return;
+        }
+        if self.now.saturating_sub(self.settle_started) / 10_000 <= self.scrubs {
+            return;
+        }
+        self.scrubs += 1;
+        e.sweep = Some(0);
+        e.sweep_blocks = 1;
+        self.log("settle: scrub".into());
+    }
+
+    /// Blocks corrupt on every in-sync replica are lost: no resync can copy
+    /// their region. The operator restores them (a client write) so that
+    /// the run can converge.
+    fn restore_lost_blocks(&mut self) {
+        let Some(engine) = self.arbiter.current else {
+            return;
+        };
+        if !self
+            .engines
+            .get(&engine)
+            .is_some_and(|e| e.primary.is_serving())
+        {
+            return;
+        }
+        let in_sync: Vec<NodeId> = self.arbiter.view.in_sync.iter().copied().collect();
+        let mut lost = Vec::new();
+        for b in 0..self.blocks {
+            let all_bad = in_sync.iter().all(|n| {
+                let node = &self.nodes[n];
+                node.up && {
+                    let disk = node.disk.as_ref().expect("diskful");
+                    disk.corrupt[b as usize] && disk.volatile[b as usize] == NONE
+                }
+            });
+            let pending = self.ops.values().any(|op| {
+                matches!(&op.kind, OpKind::Write { first, tags, .. }
+                    if *first <= b && b < first + tags.len() as u64)
+            });
+            if all_bad && !pending {
+                lost.push(b);
+            }
+        }
+        for b in lost.into_iter().take(4) {
+            self.log(format!(
+                "settle: block {b} is corrupt on every in-sync replica; restore it"
+            ));
+            self.issue_write_at(engine, b, 1, true, false);
+        }
+    }
+
+    /// Invariant 4: every diskful replica holds the same content, the
+    /// model's, all of it durable.
+    fn check_convergence(&mut self) {
+        let diskful = self.diskful_nodes();
+        let reference = diskful[0];
+        for b in 0..self.blocks {
+            let tops: Vec<(NodeId, u64)> = diskful
+                .iter()
+                .map(|n| (*n, self.nodes[n].disk.as_ref().unwrap().top(b)))
+                .collect();
+            let first = tops[0].1;
+            if tops.iter().any(|&(_, tag)| tag != first) {
+                let shown: Vec<String> = tops
+                    .iter()
+                    .map(|(n, tag)| format!("node {n}: {}", describe_tag(*tag)))
+                    .collect();
+                self.violate(format!(
+                    "after convergence the replicas differ at block {b}: {shown:?}; model {:?}",
+                    self.model[b as usize]
+                ));
+                return;
+            }
+            let allowed = self.model[b as usize].allowed();
+            if !allowed.contains(&first) {
+                self.violate(format!(
+                    "after convergence block {b} holds {} on every replica (node {reference} and others), the model allows {:?}: {:?}",
+                    describe_tag(first),
+                    allowed.iter().map(|t| describe_tag(*t)).collect::<Vec<_>>(),
+                    self.model[b as usize]
+                ));
+                return;
+            }
+            for n in &diskful {
+                let disk = self.nodes[n].disk.as_ref().unwrap();
+                if disk.volatile[b as usize] != NONE {
+                    self.violate(format!(
+                        "after the final flush node {n} still holds block {b} only in its volatile layer"
+                    ));
+                    return;
+                }
+            }
+        }
+        self.log("check: every replica holds the model's content".into());
+    }
+
+    // --- links -------------------------------------------------------------------
+
+    fn schedule_connect(&mut self, engine: EngineId, node: NodeId, delay: Time) {
+        let Some(e) = self.engines.get_mut(&engine) else {
+            return;
+        };
+        if e.connecting.insert(node) {
+            let time = self.now + delay;
+            self.at(time, Ev::Connect { engine, node });
+        }
+    }
+
+    fn connect(&mut self, engine: EngineId, node: NodeId) {
+        let Some(e) = self.engines.get_mut(&engine) else {
+            return;
+        };
+        e.connecting.remove(&node);
+        if e.links.contains_key(&node) || !e.want.contains(&node) {
+            return;
+        }
+        let (primary, generation) = (e.node, e.generation);
+        let now = self.now;
+        if self.can_link(primary, node) {
+            let link = self.next_link;
+            self.next_link += 1;
+            self.links.insert(
+                link,
+                Link {
+                    engine,
+                    primary,
+                    member: node,
+                    generation,
+                    state: LinkState::Open,
+                    to_at: now,
+                    from_at: now,
+                    replica_closing: false,
+                },
+            );
+            self.nodes.get_mut(&node).unwrap().links.insert(link);
+            self.log(format!("engine {engine}: link {link} to node {node} up"));
+            let e = self.engines.get_mut(&engine).expect("checked");
+            e.links.insert(node, link);
+            e.primary.link_up(node, now);
+        } else {
+            let e = self.engines.get_mut(&engine).expect("checked");
+            e.primary.link_down(node, now);
+            let delay = self.rng.gen_range(200..=1_500);
+            self.schedule_connect(engine, node, delay);
+        }
+    }
+
+    /// Closes a link at once: what is in flight is lost; both ends learn.
+    fn close_link(&mut self, link: LinkId) {
+        let Some(l) = self.links.remove(&link) else {
+            return;
+        };
+        if let Some(node) = self.nodes.get_mut(&l.member) {
+            node.links.remove(&link);
+            if let Some(side) = node.side.as_mut() {
+                side.link_closed(link);
+            }
+        }
+        let now = self.now;
+        let current = self
+            .engines
+            .get(&l.engine)
+            .is_some_and(|engine| engine.links.get(&l.member) == Some(&link));
+        if current {
+            self.log(format!(
+                "engine {}: link {link} to node {} down",
+                l.engine, l.member
+            ));
+            if let Some(engine) = self.engines.get_mut(&l.engine) {
+                engine.links.remove(&l.member);
+                engine.primary.link_down(l.member, now);
+                let delay = self.rng.gen_range(100..=1_000);
+                self.schedule_connect(l.engine, l.member, delay);
+            }
+        }
+    }
+
+    fn replica_send(&mut self, link: LinkId, message: FromReplica) {
+        let Some(l) = self.links.get(&link) else {
+            return;
+        };
+        if l.state != LinkState::Open || l.replica_closing {
+            return;
+        }
+        let (from, to) = (l.member, l.primary);
+        let delay = self.net_delay(from, to);
+        let l = self.links.get_mut(&link).expect("checked");
+        l.from_at = l.from_at.max(self.now + delay);
+        let time = l.from_at;
+        self.at(time, Ev::Reply { link, message });
+    }
+
+    /// The replica refuses on `link`: the refusal goes out, then the link
+    /// closes.
+    fn replica_refuse(&mut self, link: LinkId, message: FromReplica) {
+        let summary = summary_from(&message);
+        self.replica_send(link, message);
+        let Some(l) = self.links.get_mut(&link) else {
+            return;
+        };
+        l.replica_closing = true;
+        let time = l.from_at.max(self.now) + 1;
+        let member = l.member;
+        self.log(format!("node {member}: link {link}: {summary}; closing"));
+        self.at(time, Ev::Close { link });
+    }
+
+    // --- the replica driver ----------------------------------------------------------
+
+    fn replica_receive(&mut self, link: LinkId, message: ToReplica, op: Option<u64>) {
+        let Some(l) = self.links.get(&link) else {
+            return;
+        };
+        if l.replica_closing {
+            return;
+        }
+        let member = l.member;
+        let engine = l.engine;
+        let node = self.nodes.get_mut(&member).expect("a node");
+        if !node.up {
+            return;
+        }
+        let summary = summary_to(&message);
+        if self.cfg.trace {
+            eprintln!(
+                "replication sim seed {}: [{:>8.3}s]   node {member}: link {link} (engine {engine}) receives {summary}",
+                self.seed,
+                self.now as f64 / 1000.0
+            );
+        }
+        match message {
+            ToReplica::Hello {
+                generation,
+                primary,
+            } => {
+                let outcome = node
+                    .side
+                    .as_mut()
+                    .expect("up")
+                    .on_hello(link, generation, primary);
+                match outcome {
+                    HelloOutcome::Refuse(reply) => {
+                        self.log(format!("node {member}: link {link}: {summary} refused"));
+                        self.replica_refuse(link, reply);
+                    }
+                    HelloOutcome::Accept { persist, welcome } => {
+                        node.max_accepted = node.max_accepted.max(generation);
+                        self.log(format!(
+                            "node {member}: link {link} (engine {engine}): {summary} accepted"
+                        ));
+                        if persist.is_some() && self.cfg.fence_closes_old_links {
+                            let older: Vec<LinkId> = self.nodes[&member]
+                                .links
+                                .iter()
+                                .copied()
+                                .filter(|&other| {
+                                    other != link
+                                        && self
+                                            .links
+                                            .get(&other)
+                                            .is_some_and(|o| o.generation < generation)
+                                })
+                                .collect();
+                            for other in older {
+                                self.replica_refuse(
+                                    other,
+                                    FromReplica::Refused { newer: generation },
+                                );
+                            }
+                        }
+                        self.persist(
+                            member,
+                            PersistOp::Accept {
+                                generation: persist,
+                                link,
+                                welcome,
+                            },
+                        );
+                    }
+                }
+            }
+            ToReplica::Goodbye => {
+                let clean = node.side.as_mut().expect("up").on_goodbye(link);
+                self.log(format!(
+                    "node {member}: link {link}: goodbye (clean: {clean})"
+                ));
+                if clean {
+                    self.persist(member, PersistOp::Clean);
+                }
+            }
+            message => {
+                if !node.diskful {
+                    self.violate(format!(
+                        "engine {engine} sent {summary} to tiebreaker {member}"
+                    ));
+                    return;
+                }
+                if let Err(refusal) = node.side.as_mut().expect("up").admit(link, &message) {
+                    if !self.cfg.ignore_fencing {
+                        self.log(format!(
+                            "node {member}: link {link}: {summary} not admitted"
+                        ));
+                        self.replica_refuse(link, refusal);
+                        return;
+                    }
+                }
+                // One primary: nothing of a fenced generation is carried out.
+                let accepted = node.side.as_ref().expect("up").accepted();
+                let generation = self.links[&link].generation;
+                if generation < accepted {
+                    self.violate(format!(
+                        "node {member} carries out {summary} of engine {engine} at g{generation} after accepting g{accepted} (two primaries)"
+                    ));
+                    return;
+                }
+                if let Some(op) = op {
+                    if let Some(Op {
+                        kind: OpKind::Write { admitted, .. },
+                        ..
+                    }) = self.ops.get_mut(&op)
+                    {
+                        admitted.insert(member, accepted);
+                    }
+                }
+                let kind = match message {
+                    ToReplica::Write {
+                        seq,
+                        offset,
+                        payload,
+                        fua,
+                        ..
+                    } => {
+                        let length = payload.length();
+                        if !offset.is_multiple_of(BLOCK)
+                            || !length.is_multiple_of(BLOCK)
+                            || offset + length > self.cfg.size_bytes
+                            || length == 0
+                        {
+                            self.violate(format!("bad write from engine {engine}: {summary}"));
+                            return;
+                        }
+                        let tags = match &payload {
+                            Payload::Data(data) => match tags_of(data) {
+                                Some(tags) => tags,
+                                None => {
+                                    self.violate(format!(
+                                        "engine {engine} sent data that is no block of any write: {summary}"
+                                    ));
+                                    return;
+                                }
+                            },
+                            Payload::Zeroes { length, .. } => vec![0; (length / BLOCK) as usize],
+                        };
+                        DiskKind::Write {
+                            first: offset / BLOCK,
+                            tags,
+                            fua,
+                            seq,
+                        }
+                    }
+                    ToReplica::Flush { seq } => DiskKind::Flush { seq },
+                    ToReplica::Read { id, offset, length } => {
+                        if !offset.is_multiple_of(BLOCK)
+                            || !length.is_multiple_of(BLOCK)
+                            || offset + length > self.cfg.size_bytes
+                            || length == 0
+                        {
+                            self.violate(format!("bad read from engine {engine}: {summary}"));
+                            return;
+                        }
+                        DiskKind::Read {
+                            id,
+                            first: offset / BLOCK,
+                            count: length / BLOCK,
+                        }
+                    }
+                    ToReplica::Hello { .. } | ToReplica::Goodbye => unreachable!("handled"),
+                };
+                self.disk_submit(member, link, kind);
+            }
+        }
+    }
+
+    fn persist(&mut self, node: NodeId, op: PersistOp) {
+        let delay = if self.lat.gen_bool(0.05) {
+            self.lat.gen_range(5..=60)
+        } else {
+            self.lat.gen_range(0..=3)
+        };
+        let n = self.nodes.get_mut(&node).expect("a node");
+        n.persist_at = n.persist_at.max(self.now) + delay;
+        let (time, incarnation) = (n.persist_at, n.incarnation);
+        self.at(
+            time,
+            Ev::Persist {
+                node,
+                incarnation,
+                op,
+            },
+        );
+    }
+
+    fn persist_done(&mut self, node: NodeId, incarnation: u64, op: PersistOp) {
+        let n = self.nodes.get_mut(&node).expect("a node");
+        if n.incarnation != incarnation || !n.up {
+            return;
+        }
+        match op {
+            PersistOp::Accept {
+                generation,
+                link,
+                welcome,
+            } => {
+                if let Some(generation) = generation {
+                    n.durable.accepted = generation;
+                }
+                n.durable.clean = false;
+                let summary = summary_from(&welcome);
+                self.log(format!("node {node}: link {link}: persisted; {summary}"));
+                self.replica_send(link, welcome);
+            }
+            PersistOp::Clean => {
+                n.durable.clean = true;
+                self.log(format!("node {node}: persisted clean"));
+            }
+            PersistOp::Dirty {
+                engine,
+                token,
+                peer,
+                map,
+            } => {
+                let text = format!(
+                    "node {node}: persisted dirty map {token} for {peer}: since g{} full {} {:?}",
+                    map.since,
+                    map.full,
+                    map.regions.iter().collect::<Vec<_>>()
+                );
+                n.durable.dirty_maps.insert(peer, map);
+                self.log(text);
+                let now = self.now;
+                if let Some(engine) = self.engines.get_mut(&engine) {
+                    engine.primary.persisted(token, now);
+                }
+            }
+            PersistOp::Forget { peer } => {
+                n.durable.dirty_maps.remove(&peer);
+                self.log(format!("node {node}: forgot the dirty map of {peer}"));
+            }
+        }
+    }
+
+    // --- disks ---------------------------------------------------------------------
+
+    fn disk_submit(&mut self, node: NodeId, link: LinkId, kind: DiskKind) {
+        let now = self.now;
+        let n = self.nodes.get_mut(&node).expect("a node");
+        let incarnation = n.incarnation;
+        let disk = n.disk.as_mut().expect("diskful");
+        let extra = match &kind {
+            DiskKind::Write { fua: true, .. } | DiskKind::Flush { .. } => self.lat.gen_range(1..=4),
+            _ => 0,
+        };
+        let mut latency = if now < disk.slow_until {
+            self.lat.gen_range(5..=300)
+        } else {
+            self.lat.gen_range(0..=2)
+        } + extra;
+        if now < disk.stall_until {
+            latency = latency.max(disk.stall_until - now + self.lat.gen_range(0..=5));
+        }
+        let ready = now + latency;
+        let key = disk.next;
+        disk.next += 1;
+        disk.pending.insert(key, DiskOp { link, ready, kind });
+        self.at(ready, Ev::Disk { node, incarnation });
+    }
+
+    fn disk_run(&mut self, node: NodeId, incarnation: u64) {
+        loop {
+            let n = self.nodes.get_mut(&node).expect("a node");
+            if n.incarnation != incarnation || !n.up {
+                return;
+            }
+            let disk = n.disk.as_mut().expect("diskful");
+            let now = self.now;
+            let chosen = disk
+                .pending
+                .iter()
+                .find(|(&key, op)| op.ready <= now && !disk.blocked(key, op))
+                .map(|(&key, _)| key);
+            let Some(key) = chosen else {
+                return;
+            };
+            let op = disk.pending.remove(&key).expect("listed");
+            let io = now < disk.io_until;
+            if self.cfg.trace {
+                eprintln!(
+                    "replication sim seed {}: [{:>8.3}s]   node {node}: disk completes {:?}{}",
+                    self.seed,
+                    now as f64 / 1000.0,
+                    match &op.kind {
+                        DiskKind::Write {
+                            first,
+                            tags,
+                            fua,
+                            seq,
+                        } => format!(
+                            "write s{seq} b{first}+{} fua {fua} first tag {}{}",
+                            tags.len(),
+                            describe_tag(tags[0]),
+                            // TRIREME_SIM_WATCH=<block> shows one block's tag.
+                            std::env::var("TRIREME_SIM_WATCH")
+                                .ok()
+                                .and_then(|b| b.parse::<u64>().ok())
+                                .filter(|b| *b >= *first && *b < first + tags.len() as u64)
+                                .map(|b| format!(
+                                    " block {b}: {}",
+                                    describe_tag(tags[(b - first) as usize])
+                                ))
+                                .unwrap_or_default()
+                        ),
+                        other => format!("{other:?}"),
+                    },
+                    if io { " (I/O error)" } else { "" }
+                );
+            }
+            match op.kind {
+                DiskKind::Write {
+                    first,
+                    tags,
+                    fua,
+                    seq,
+                } => {
+                    let lie = self.cfg.drop_writes > 0.0 && self.rng.gen_bool(self.cfg.drop_writes);
+                    let n = self.nodes.get_mut(&node).expect("a node");
+                    let disk = n.disk.as_mut().expect("diskful");
+                    let result = if io {
+                        Err(ReplicaError::Io("simulated device error".into()))
+                    } else if lie {
+                        Ok(())
+                    } else {
+                        for (i, &tag) in tags.iter().enumerate() {
+                            let b = first as usize + i;
+                            if fua {
+                                disk.durable[b] = tag;
+                                disk.corrupt[b] = false;
+                                disk.volatile[b] = NONE;
+                            } else {
+                                disk.volatile[b] = tag;
+                            }
+                        }
+                        Ok(())
+                    };
+                    self.replica_send(op.link, FromReplica::Ack { seq, result });
+                }
+                DiskKind::Flush { seq } => {
+                    let result = if io {
+                        Err(ReplicaError::Io("simulated device error".into()))
+                    } else {
+                        for b in 0..disk.volatile.len() {
+                            if disk.volatile[b] != NONE {
+                                disk.durable[b] = disk.volatile[b];
+                                disk.corrupt[b] = false;
+                                disk.volatile[b] = NONE;
+                            }
+                        }
+                        Ok(())
+                    };
+                    self.replica_send(op.link, FromReplica::Ack { seq, result });
+                }
+                DiskKind::Read { id, first, count } => {
+                    let result = disk.read(first, count, now);
+                    self.replica_send(op.link, FromReplica::ReadReply { id, result });
+                }
+                DiskKind::LocalRead { op, first, count } => {
+                    let result = disk.read(first, count, now);
+                    self.local_read_done(op, result);
+                }
+            }
+        }
+    }
+
+    fn local_read_done(&mut self, op: u64, result: Result<ReadData, ReplicaError>) {
+        let result = result.map(Completion::Read).map_err(|error| match error {
+            ReplicaError::Io(message) => ClientError::Io(message),
+            other => ClientError::Io(other.to_string()),
+        });
+        self.client_done(op, result);
+    }
+
+    // --- nodes ---------------------------------------------------------------------
+
+    fn crash(&mut self, node: NodeId) {
+        if !self.nodes[&node].up {
+            return;
+        }
+        self.report.crashes += 1;
+        let lc = self.tick_lc();
+        let n = self.nodes.get_mut(&node).expect("a node");
+        n.up = false;
+        n.incarnation += 1;
+        n.crashed_lc = lc;
+        n.side = None;
+        // The disk: unflushed writes are lost, or reached the platter
+        // before the crash; in-flight writes are torn.
+        if let Some(disk) = n.disk.as_mut() {
+            for op in std::mem::take(&mut disk.pending).into_values() {
+                if let DiskKind::Write { first, tags, .. } = op.kind {
+                    for (i, tag) in tags.into_iter().enumerate() {
+                        if self.rng.gen_bool(0.3) {
+                            disk.durable[first as usize + i] = tag;
+                            disk.corrupt[first as usize + i] = false;
+                        }
+                    }
+                }
+            }
+            for b in 0..disk.volatile.len() {
+                if disk.volatile[b] != NONE {
+                    if self.rng.gen_bool(0.3) {
+                        disk.durable[b] = disk.volatile[b];
+                        disk.corrupt[b] = false;
+                    }
+                    disk.volatile[b] = NONE;
+                }
+            }
+        }
+        self.log(format!("fault: crash node {node}"));
+        // Local reads queued on its disk are gone.
+        let local: Vec<u64> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| {
+                op.node == node && matches!(op.kind, OpKind::Read { local: true, .. })
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for id in local {
+            self.ops.remove(&id);
+        }
+        // Its engine dies with it, and every link it had.
+        let engines: Vec<EngineId> = self
+            .engines
+            .iter()
+            .filter(|(_, e)| e.node == node)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in engines {
+            self.report.primary_crashes += 1;
+            let engine = self.engines.remove(&id).expect("listed");
+            self.count(engine.primary.counters);
+            if self.arbiter.current == Some(id) {
+                self.arbiter.current = None;
+            }
+            self.log(format!("engine {id} dies with node {node}"));
+            for link in engine.links.into_values() {
+                self.close_link(link);
+            }
+            self.engine_gone(id);
+        }
+        let links: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.member == node || l.primary == node)
+            .map(|(&id, _)| id)
+            .collect();
+        for link in links {
+            self.close_link(link);
+        }
+        self.nodes.get_mut(&node).unwrap().links.clear();
+        self.evaluate_losses();
+    }
+
+    fn restart(&mut self, node: NodeId) {
+        let n = self.nodes.get_mut(&node).expect("a node");
+        if n.up {
+            return;
+        }
+        n.up = true;
+        n.side = Some(ReplicaSide::new(
+            n.durable.accepted,
+            n.durable.primary_at,
+            n.durable.clean,
+        ));
+        let (accepted, clean) = (n.durable.accepted, n.durable.clean);
+        self.log(format!(
+            "restart node {node}: accepted g{accepted}, clean {clean}"
+        ));
+    }
+
+    // --- the engine driver -------------------------------------------------------------
+
+    fn act(&mut self, id: EngineId, action: Action) {
+        if !self.engines.contains_key(&id) {
+            return;
+        }
+        match action {
+            Action::Connect { to } => {
+                let engine = self.engines.get_mut(&id).expect("checked");
+                engine.want.insert(to);
+                if let Some(&link) = engine.links.get(&to) {
+                    self.close_link(link);
+                }
+                let delay = self.rng.gen_range(1..=20);
+                self.schedule_connect(id, to, delay);
+            }
+            Action::Send { to, message } => {
+                let Some(&link) = self.engines[&id].links.get(&to) else {
+                    self.log(format!(
+                        "engine {id}: {} to node {to} without a link: dropped",
+                        summary_to(&message)
+                    ));
+                    return;
+                };
+                let op = match &message {
+                    ToReplica::Write {
+                        offset, payload, ..
+                    } => self.client_write_of(id, *offset, payload),
+                    _ => None,
+                };
+                let from = self.engines[&id].node;
+                let delay = self.net_delay(from, to);
+                let l = self.links.get_mut(&link).expect("an engine's link exists");
+                l.to_at = l.to_at.max(self.now + delay);
+                let time = l.to_at;
+                self.at(time, Ev::Deliver { link, message, op });
+            }
+            Action::Reset { to } => {
+                self.log(format!("engine {id}: reset link to node {to}"));
+                match self.engines[&id].links.get(&to).copied() {
+                    Some(link) => self.close_link(link),
+                    None => {
+                        let delay = self.rng.gen_range(100..=1_000);
+                        self.schedule_connect(id, to, delay);
+                    }
+                }
+            }
+            Action::Complete { op, result } => self.client_done(op, result),
+            Action::Propose {
+                id: proposal_id,
+                proposal,
+            } => self.propose(id, proposal_id, proposal),
+            Action::PersistDirty { token, peer, map } => {
+                let node = self.engines[&id].node;
+                self.persist(
+                    node,
+                    PersistOp::Dirty {
+                        engine: id,
+                        token,
+                        peer,
+                        map,
+                    },
+                );
+            }
+            Action::ForgetDirty { peer } => {
+                let node = self.engines[&id].node;
+                self.persist(node, PersistOp::Forget { peer });
+            }
+            Action::LocalReadable(readable) => {
+                self.engines.get_mut(&id).expect("checked").local_readable = readable;
+            }
+            Action::Stopped { reason } => self.engine_stopped(id, reason),
+        }
+    }
+
+    /// The client write a write message carries, if it is one.
+    fn client_write_of(&self, engine: EngineId, offset: u64, payload: &Payload) -> Option<u64> {
+        match payload {
+            Payload::Data(data) => self.payloads.get(&(data.as_ptr() as usize)).copied(),
+            Payload::Zeroes { length, .. } => {
+                if *length >= REGION_BYTES {
+                    return None;
+                }
+                self.ops
+                    .iter()
+                    .find(|(_, op)| {
+                        op.engine == engine
+                            && matches!(&op.kind, OpKind::Write { first, tags, zero: true, .. }
+                                if first * BLOCK == offset && tags.len() as u64 * BLOCK == *length)
+                    })
+                    .map(|(&id, _)| id)
+            }
+        }
+    }
+
+    fn engine_receive(&mut self, link: LinkId, message: FromReplica) {
+        let Some(l) = self.links.get(&link) else {
+            return;
+        };
+        if l.state != LinkState::Open {
+            return;
+        }
+        let (member, engine) = (l.member, l.engine);
+        let Some(e) = self.engines.get(&engine) else {
+            return;
+        };
+        if e.links.get(&member) != Some(&link) {
+            return;
+        }
+        if !matches!(message, FromReplica::Ack { result: Ok(()), .. }) {
+            let summary = summary_from(&message);
+            self.log(format!(
+                "engine {engine}: from node {member} on link {link}: {summary}"
+            ));
+        }
+        let now = self.now;
+        let e = self.engines.get_mut(&engine).expect("checked");
+        e.primary.message(member, message, now);
+    }
+
+    fn propose(&mut self, engine: EngineId, id: u64, proposal: Proposal) {
+        if matches!(proposal, Proposal::Progress { .. }) {
+            return;
+        }
+        let e = &self.engines[&engine];
+        let (node, generation) = (e.node, e.generation);
+        self.log(format!(
+            "engine {engine}: propose {id} {proposal:?} at g{generation}"
+        ));
+        if !self.reachable(node) || self.chance(self.cfg.unavailable) {
+            if self.rng.gen_bool(0.5) {
+                let time = self.now + self.rng.gen_range(20..=300);
+                self.at(
+                    time,
+                    Ev::Answer {
+                        engine,
+                        id,
+                        result: ProposalResult::Unavailable,
+                    },
+                );
+            }
+            return;
+        }
+        let time = self.now + self.rng.gen_range(2..=40);
+        self.at(
+            time,
+            Ev::Apply {
+                engine,
+                generation,
+                id,
+                proposal,
+            },
+        );
+    }
+
+    fn arbiter_apply(
+        &mut self,
+        engine: EngineId,
+        generation: Generation,
+        id: u64,
+        proposal: Proposal,
+    ) {
+        let view = &mut self.arbiter.view;
+        let mut removed = false;
+        let mut changed = false;
+        let result = if generation != view.generation {
+            ProposalResult::Stale
+        } else {
+            match &proposal {
+                Proposal::MarkOutdated { node } => {
+                    if !view.in_sync.contains(node) {
+                        ProposalResult::Committed
+                    } else if view.in_sync.len() == 1 {
+                        ProposalResult::Refused(format!(
+                            "node {node} is the last up-to-date replica"
+                        ))
+                    } else {
+                        view.in_sync.remove(node);
+                        removed = true;
+                        changed = true;
+                        ProposalResult::Committed
+                    }
+                }
+                Proposal::MarkInSync { node } => {
+                    if self.phase == Phase::Run
+                        && !view.in_sync.contains(node)
+                        && self.rng.gen_bool(self.cfg.refuse_in_sync)
+                    {
+                        ProposalResult::Refused(format!("node {node} is being evicted"))
+                    } else {
+                        changed = view.in_sync.insert(*node);
+                        ProposalResult::Committed
+                    }
+                }
+                Proposal::Progress { .. } => return,
+            }
+        };
+        if removed {
+            self.report.outdated += 1;
+        }
+        if changed && matches!(proposal, Proposal::MarkInSync { .. }) {
+            self.report.joined += 1;
+        }
+        self.log(format!(
+            "arbiter: {proposal:?} of engine {engine} at g{generation}: {result:?}; in sync {:?}",
+            self.arbiter
+                .view
+                .in_sync
+                .iter()
+                .map(|n| n.0)
+                .collect::<Vec<_>>()
+        ));
+        if changed {
+            self.views_changed();
+        }
+        if removed {
+            self.evaluate_losses();
+        }
+        let result = if self.chance(self.cfg.answer_lost) {
+            ProposalResult::Unavailable
+        } else {
+            result
+        };
+        let time = self.now + self.rng.gen_range(1..=30);
+        self.at(time, Ev::Answer { engine, id, result });
+    }
+
+    /// Pushes the arbiter's view to every running engine, in order.
+    fn views_changed(&mut self) {
+        let ids: Vec<EngineId> = self.engines.keys().copied().collect();
+        for engine in ids {
+            let delay = self.rng.gen_range(5..=100);
+            let e = self.engines.get_mut(&engine).expect("listed");
+            e.view_at = e.view_at.max(self.now + delay);
+            let time = e.view_at;
+            self.at(time, Ev::View { engine });
+        }
+    }
+
+    fn engine_stopped(&mut self, id: EngineId, reason: String) {
+        let engine = self.engines.remove(&id).expect("checked");
+        self.log(format!("engine {id} stopped: {reason}"));
+        if self.arbiter.current == Some(id) {
+            self.arbiter.current = None;
+            if engine.detach_started.is_some() && reason.contains("detached") {
+                self.arbiter.view.primaries.clear();
+            } else {
+                self.violate(format!(
+                    "the current engine {id} (generation {}) stopped: {reason}",
+                    engine.generation
+                ));
+            }
+        } else {
+            self.report.fenced_engines += 1;
+        }
+        self.count(engine.primary.counters);
+        // What it sent still arrives; nothing comes back.
+        for link in engine.links.into_values() {
+            if let Some(l) = self.links.get_mut(&link) {
+                l.state = LinkState::Draining;
+                let time = l.to_at.max(self.now) + 1;
+                self.at(time, Ev::Close { link });
+            }
+        }
+        self.engine_gone(id);
+    }
+
+    fn count(&mut self, counters: trireme_replication::primary::Counters) {
+        self.report.resynced_bytes += counters.resynced_bytes;
+        self.report.repaired_blocks += counters.repaired_blocks;
+        self.report.read_failovers += counters.read_failovers;
+    }
+
+    /// Requests of an engine that is gone: writes end with an unknown
+    /// outcome.
+    fn engine_gone(&mut self, id: EngineId) {
+        let ops: Vec<u64> = self
+            .ops
+            .iter()
+            .filter(|(_, op)| {
+                op.engine == id && !matches!(op.kind, OpKind::Read { local: true, .. })
+            })
+            .map(|(&op, _)| op)
+            .collect();
+        for op in ops {
+            self.client_done(op, Err(ClientError::ShuttingDown));
+        }
+    }
+
+    // --- client completions and the model ----------------------------------------------
+
+    fn client_done(&mut self, id: u64, result: Result<Completion, ClientError>) {
+        let Some(op) = self.ops.remove(&id) else {
+            self.violate(format!("completion of unknown or finished request op{id}"));
+            return;
+        };
+        match &op.kind {
+            OpKind::Write { payload, .. } => {
+                if let Some(Payload::Data(data)) = payload {
+                    self.payloads.remove(&(data.as_ptr() as usize));
+                }
+                match result {
+                    Ok(Completion::Done) => self.write_done(id, &op),
+                    Ok(other) => self.violate(format!("write op{id} completed with {other:?}")),
+                    Err(error) => {
+                        self.report.writes_failed += 1;
+                        self.log(format!("client: op{id} failed: {error:?}"));
+                        let end = self.tick_lc();
+                        if let OpKind::Write { first, tags, .. } = &op.kind {
+                            for (i, &tag) in tags.iter().enumerate() {
+                                self.model[(*first as usize) + i]
+                                    .unknown
+                                    .push((tag, end, None));
+                            }
+                        }
+                    }
+                }
+            }
+            OpKind::Flush => match result {
+                Ok(Completion::Done) => {
+                    self.report.flushes_ok += 1;
+                    self.log(format!("client: op{id} flush done"));
+                    self.flush_done(&op);
+                }
+                Ok(other) => self.violate(format!("flush op{id} completed with {other:?}")),
+                Err(error) => {
+                    self.log(format!("client: op{id} flush failed: {error:?}"));
+                    if matches!(self.phase, Phase::FinalFlush(final_op) if final_op == id) {
+                        self.violate(format!("the final flush failed: {error:?}"));
+                    }
+                }
+            },
+            OpKind::Read { .. } => match result {
+                Ok(Completion::Read(data)) => self.read_done(id, &op, data),
+                Ok(other) => self.violate(format!("read op{id} completed with {other:?}")),
+                Err(error) => {
+                    self.report.reads_failed += 1;
+                    self.log(format!("client: op{id} read failed: {error:?}"));
+                }
+            },
+        }
+    }
+
+    fn write_done(&mut self, id: u64, op: &Op) {
+        let OpKind::Write {
+            first,
+            tags,
+            fua,
+            admitted,
+            ..
+        } = &op.kind
+        else {
+            unreachable!("a write");
+        };
+        let (first, fua) = (*first, *fua);
+        let generation = op.generation;
+        let current = self.arbiter.view.generation;
+        let at = self.tick_lc();
+        self.report.writes_ok += 1;
+        self.log(format!(
+            "client: op{id} write b{first}+{} done at g{generation}",
+            tags.len()
+        ));
+        if generation < current {
+            self.report.stale_writes_ok += 1;
+            // Invariant 3: the newer generation carries it on: every in-sync
+            // replica that moved on received it before it did, or holds it
+            // (copied from one that did), or something written since by a
+            // newer generation.
+            for node in self.arbiter.view.in_sync.clone() {
+                let n = &self.nodes[&node];
+                let received = admitted
+                    .get(&node)
+                    .is_some_and(|accepted| *accepted <= generation);
+                let holds = n.up
+                    && (first..first + tags.len() as u64).all(|b| {
+                        self.holds_or_newer(node, b, tags[(b - first) as usize], generation)
+                    });
+                if n.max_accepted > generation && !received && !holds {
+                    self.violate(format!(
+                        "op{id}, a write of engine {} at g{generation}, was acknowledged while the arbiter is at g{current} and in-sync node {node} accepted g{} without receiving it (two primaries)",
+                        op.engine, n.max_accepted
+                    ));
+                    return;
+                }
+            }
+        } else {
+            // Invariant 5: every in-sync replica holds it.
+            for node in self.arbiter.view.in_sync.clone() {
+                let n = &self.nodes[&node];
+                if !n.up || n.crashed_lc > op.issued {
+                    continue;
+                }
+                let disk = n.disk.as_ref().expect("in sync replicas have disks");
+                for (i, &tag) in tags.iter().enumerate() {
+                    let b = first + i as u64;
+                    let held = disk.top(b);
+                    if held != tag {
+                        self.violate(format!(
+                            "op{id} (write b{first}+{}) was acknowledged at g{generation} but in-sync node {node} holds {} at block {b}, not {}",
+                            tags.len(),
+                            describe_tag(held),
+                            describe_tag(tag)
+                        ));
+                        return;
+                    }
+                }
+            }
+        }
+        for (i, &tag) in tags.iter().enumerate() {
+            let block = &mut self.model[first as usize + i];
+            let version = Version {
+                tag,
+                generation: generation.0,
+                at,
+            };
+            let position = block
+                .chain
+                .partition_point(|v| (v.generation, v.at) <= (version.generation, version.at));
+            block.chain.insert(position, version);
+            let top = position == block.chain.len() - 1;
+            if position < block.ambiguous {
+                block.ambiguous += 1;
+            }
+            if top && block.lossy {
+                block.lossy = false;
+                block.ambiguous = position;
+            }
+            let durable = fua && generation == current;
+            if durable {
+                block.chain.drain(..position);
+                block.ambiguous = block.ambiguous.saturating_sub(position);
+                block.unknown.retain(|&(_, end, _)| end > op.issued);
+            }
+            for entry in &mut block.unknown {
+                if entry.1 <= op.issued && entry.2.is_none() {
+                    entry.2 = Some(at);
+                }
+            }
+        }
+    }
+
+    /// Whether `node` holds `tag` at block `b`, or a value written since by
+    /// a generation newer than `generation` (or of unknown outcome).
+    fn holds_or_newer(&self, node: NodeId, b: u64, tag: u64, generation: Generation) -> bool {
+        let Some(disk) = self.nodes[&node].disk.as_ref() else {
+            return false;
+        };
+        let top = disk.top(b);
+        if top == tag {
+            return true;
+        }
+        let block = &self.model[b as usize];
+        block
+            .chain
+            .iter()
+            .any(|v| v.tag == top && v.generation > generation.0)
+            || block.unknown.iter().any(|&(t, _, _)| t == top)
+            || self.ops.values().any(|op| {
+                op.generation > generation
+                    && matches!(&op.kind, OpKind::Write { first, tags, .. }
+                        if *first <= b && b < first + tags.len() as u64
+                            && tags[(b - first) as usize] == top)
+            })
+    }
+
+    fn flush_done(&mut self, op: &Op) {
+        if op.generation != self.arbiter.view.generation {
+            return;
+        }
+        for block in &mut self.model {
+            if block.lossy || block.chain.len() < 2 {
+                continue;
+            }
+            let Some(last) = block.chain.iter().rposition(|v| v.at <= op.issued) else {
+                continue;
+            };
+            if last < block.ambiguous {
+                continue;
+            }
+            block.chain.drain(..last);
+            block.ambiguous = 0;
+            block
+                .unknown
+                .retain(|&(_, _, superseded)| superseded.is_none_or(|at| at > op.issued));
+        }
+    }
+
+    fn read_done(&mut self, id: u64, op: &Op, data: ReadData) {
+        let OpKind::Read {
+            first,
+            count,
+            allowed,
+            local,
+            ..
+        } = &op.kind
+        else {
+            unreachable!("a read");
+        };
+        let (first, count) = (*first, *count);
+        let current =
+            self.engines.contains_key(&op.engine) && op.generation == self.arbiter.view.generation;
+        if !current {
+            self.report.stale_reads += 1;
+            return;
+        }
+        let tags = match data {
+            ReadData::Zeroes => vec![0; count as usize],
+            ReadData::Data(bytes) => {
+                if bytes.len() as u64 != count * BLOCK {
+                    self.violate(format!(
+                        "read op{id} of {count} blocks returned {} bytes",
+                        bytes.len()
+                    ));
+                    return;
+                }
+                match tags_of(&bytes) {
+                    Some(tags) => tags,
+                    None => {
+                        self.violate(format!("read op{id} returned data no write wrote"));
+                        return;
+                    }
+                }
+            }
+        };
+        self.report.reads_checked += 1;
+        self.report.blocks_checked += count;
+        for (i, &tag) in tags.iter().enumerate() {
+            if !allowed[i].contains(&tag) {
+                let b = first + i as u64;
+                let replicas: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .filter_map(|(n, node)| {
+                        node.disk
+                            .as_ref()
+                            .map(|d| format!("node {n}: {}", describe_tag(d.top(b))))
+                    })
+                    .collect();
+                self.violate(format!(
+                    "{}read op{id} on engine {} (g{}) returned {} at block {b}; allowed {:?}; model {:?}; replicas now {replicas:?}",
+                    if *local { "local " } else { "" },
+                    op.engine,
+                    op.generation,
+                    describe_tag(tag),
+                    allowed[i].iter().map(|t| describe_tag(*t)).collect::<Vec<_>>(),
+                    self.model[b as usize],
+                ));
+                return;
+            }
+        }
+    }
+
+    /// After a crash or an outdating: blocks whose newest acknowledged
+    /// version no reachable in-sync replica holds any more may come back
+    /// older (but never older than the last durable version).
+    fn evaluate_losses(&mut self) {
+        let holders: Vec<NodeId> = self
+            .arbiter
+            .view
+            .in_sync
+            .iter()
+            .copied()
+            .filter(|n| self.nodes[n].up && self.nodes[n].diskful)
+            .collect();
+        let mut newly = Vec::new();
+        for b in 0..self.blocks {
+            let block = &self.model[b as usize];
+            if block.lossy || block.chain.len() < 2 {
+                continue;
+            }
+            let top = block.chain.last().expect("not empty").tag;
+            let held = holders
+                .iter()
+                .any(|n| self.nodes[n].disk.as_ref().expect("diskful").top(b) == top);
+            if !held {
+                newly.push(b);
+            }
+        }
+        if newly.is_empty() {
+            return;
+        }
+        self.report.lossy_blocks += newly.len() as u64;
+        self.log(format!(
+            "model: {} blocks may have lost unflushed versions (first {})",
+            newly.len(),
+            newly[0]
+        ));
+        for &b in &newly {
+            let block = &mut self.model[b as usize];
+            block.lossy = true;
+            let tags = block.allowed();
+            for op in self.ops.values_mut() {
+                if let OpKind::Read {
+                    first,
+                    count,
+                    allowed,
+                    ..
+                } = &mut op.kind
+                {
+                    if b >= *first && b < *first + *count {
+                        allowed[(b - *first) as usize].extend(tags.iter().copied());
+                    }
+                }
+            }
+        }
+    }
+}
