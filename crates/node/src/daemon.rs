@@ -33,6 +33,8 @@ pub const DEMO_VOLUME_NAME: &str = "demo";
 pub const DEMO_VOLUME_BYTES: u64 = 1 << 30;
 /// How long the listeners get to finish in-flight requests at shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How long attached volumes get to detach cleanly at shutdown.
+const ENGINE_DETACH_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
@@ -46,6 +48,9 @@ pub struct DaemonConfig {
     pub nbd_listen: SocketAddr,
     /// Default: `DATA/nbd.sock`.
     pub nbd_socket: Option<PathBuf>,
+    /// Where primaries on other nodes open data links; default: the API's
+    /// IP on a port the system picks (announced through the cluster state).
+    pub data_listen: Option<SocketAddr>,
     pub demo: bool,
 }
 
@@ -91,6 +96,15 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
         .nbd_socket
         .clone()
         .unwrap_or_else(|| config.data_dir.join(DEFAULT_NBD_SOCKET_FILE));
+    let data_listen = config
+        .data_listen
+        .unwrap_or_else(|| SocketAddr::new(config.api_listen.ip(), 0));
+    let data_listener = std::net::TcpListener::bind(data_listen)
+        .map_err(|error| NodeError::io(format!("listen for data links on {data_listen}"), error))?;
+    let data_address = data_listener
+        .local_addr()
+        .map_err(|error| NodeError::io("read the data listen address", error))?;
+    let replication = crate::replicated::Replication::open(node.clone())?;
     let exports_cluster = Arc::new(std::sync::OnceLock::new());
     let nbd_config = NbdConfig {
         tcp_listen: Some(config.nbd_listen),
@@ -98,7 +112,11 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
     };
     let nbd_server = NbdServer::bind(
         &nbd_config,
-        Arc::new(NodeExports::new(node.clone(), exports_cluster.clone())),
+        Arc::new(NodeExports::new(
+            node.clone(),
+            exports_cluster.clone(),
+            replication.clone(),
+        )),
     )
     .await
     .map_err(|error| NodeError::Nbd(error_chain(&error)))?;
@@ -118,8 +136,14 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
         &config.data_dir,
         advertised(api_address, config.advertise),
         nbd_tcp.map(|address| advertised(address, config.advertise)),
+        Some(advertised(data_address, config.advertise)),
     )
     .await?;
+    replication.start(
+        cluster.clone(),
+        data_listener,
+        advertised(data_address, config.advertise),
+    );
     write_admin_token(&config.data_dir, &cluster.admin_token())?;
     let _ = exports_cluster.set(cluster.clone());
 
@@ -148,6 +172,7 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
         tokio::spawn(cluster::agent::run(
             cluster.clone(),
             node.clone(),
+            replication.clone(),
             stop_receiver.clone(),
         )),
         tokio::spawn(cluster::leader::heartbeat_loop(
@@ -219,6 +244,7 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
     for task in background {
         task.abort();
     }
+    replication.shutdown(ENGINE_DETACH_GRACE).await;
     if let Err(error) = cluster.raft.shutdown().await {
         tracing::warn!(%error, "Raft did not stop cleanly");
     }

@@ -14,6 +14,7 @@
 //!   pools/NAME/metadata.redb   each pool's metadata database (owned by the store)
 //!   pools/default/pool.img     the default pool's sparse file, made on first start
 //!   nbd.sock                   the NBD unix socket (unless --nbd-socket says otherwise)
+//!   replication.redb           accepted generations and dirty maps (replication)
 //! ```
 //!
 //! Volumes live inside pools (the store keeps them); the catalog only knows
@@ -29,6 +30,8 @@
 //! - [`api`]: the REST API (axum router, request validation, error mapping,
 //!   OpenAPI document) under `/api/v1`.
 //! - [`nbd`]: adapts [`Node`] to the NBD server of `trireme-export`.
+//! - [`replicated`]: the engines of volumes attached here, the replica
+//!   side of data links, and `DATA/replication.redb`.
 //! - [`daemon`]: start-up, listeners, the ready line, signals and shutdown.
 
 pub mod api;
@@ -38,6 +41,7 @@ pub mod daemon;
 pub mod error;
 pub mod nbd;
 pub mod node;
+pub mod replicated;
 pub mod space;
 
 pub use daemon::{run, DaemonConfig};

@@ -12,6 +12,7 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 use trireme_export::ExportRegistry;
 use trireme_types::BlockTarget;
 
+use crate::replicated::Replication;
 use crate::Node;
 
 pub use trireme_export::{NbdConfig, NbdServer};
@@ -21,16 +22,26 @@ pub struct NodeExports {
     node: Arc<Node>,
     /// Set once the node is a cluster member (the server binds before).
     cluster: Arc<OnceLock<Arc<Cluster>>>,
+    replication: Arc<Replication>,
 }
 
 impl NodeExports {
-    pub fn new(node: Arc<Node>, cluster: Arc<OnceLock<Arc<Cluster>>>) -> Self {
-        NodeExports { node, cluster }
+    pub fn new(
+        node: Arc<Node>,
+        cluster: Arc<OnceLock<Arc<Cluster>>>,
+        replication: Arc<Replication>,
+    ) -> Self {
+        NodeExports {
+            node,
+            cluster,
+            replication,
+        }
     }
 
-    /// Until replicated I/O exists (`volume attach`), only a volume whose
-    /// single replica lives here is served: writing one replica of several
-    /// would make them diverge.
+    /// A volume that is not attached anywhere is served straight from its
+    /// copy when that is its only replica and it lives here (no engine
+    /// needed: there is nobody to replicate to). Any other volume is
+    /// served only where it is attached (`volume attach`).
     fn servable_here(&self, name: &str) -> bool {
         let Some(cluster) = self.cluster.get() else {
             return true;
@@ -44,13 +55,15 @@ impl NodeExports {
             return true;
         };
         let diskful: Vec<_> = volume.diskful().collect();
-        let servable =
-            !volume.deleting && diskful.len() == 1 && diskful[0].node == cluster.node_id();
+        let servable = !volume.deleting
+            && volume.primaries.is_empty()
+            && diskful.len() == 1
+            && diskful[0].node == cluster.node_id();
         if !servable {
             tracing::warn!(
                 volume = %name,
                 replicas = diskful.len(),
-                "not served here: only a one-replica volume is served, on its node, until replicated I/O exists"
+                "not served here: attach it to this node first (trireme volume attach {name} --node THIS-NODE)"
             );
         }
         servable
@@ -71,6 +84,11 @@ fn without_stalling_the_reactor<T>(work: impl FnOnce() -> T) -> T {
 
 impl ExportRegistry for NodeExports {
     fn open(&self, name: &str) -> Option<Arc<dyn BlockTarget>> {
+        if let Ok(volume) = VolumeName::new(name) {
+            if self.replication.attached_here(&volume) == Some(true) {
+                return self.replication.target(&volume);
+            }
+        }
         if !self.servable_here(name) {
             return None;
         }

@@ -6,14 +6,16 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use std::collections::BTreeSet;
-use trireme_control::{Command, NodeState, QuorumPolicy, ReplicaObserved, ResourceGroup};
+use trireme_control::{
+    ClusterState, Command, NodeState, QuorumPolicy, ReplicaObserved, ResourceGroup, VolumeRecord,
+};
 use trireme_types::{format_size, DeviceClass, GroupName, NodeName, PoolName};
 
 use super::model::{
     CountBy, ErrorBody, GroupBody, JoinTokenResponse, NodeEntry, SettingsBody, StatusResponse,
     VolumeCounts,
 };
-use super::volumes::volume_state;
+use super::volumes::{sync_response, volume_state};
 use super::{ApiError, ApiJson, ApiState};
 use crate::cluster::auth;
 use crate::NodeError;
@@ -49,6 +51,7 @@ pub async fn list_nodes(State(state): State<ApiState>) -> Json<Vec<NodeEntry>> {
                 name: node.name.to_string(),
                 api_address: node.api_address.clone(),
                 nbd_address: node.nbd_address.clone(),
+                data_address: node.data_address.clone(),
                 labels: node.labels.clone(),
                 state: node.state.as_str().to_string(),
                 state_seconds: seconds_since(node.state_since_ms),
@@ -245,6 +248,75 @@ pub async fn join_token(State(state): State<ApiState>) -> Json<JoinTokenResponse
     })
 }
 
+/// `45s`, `3m20s`, `2h5m`: a time left, to the second below ten minutes.
+fn eta_text(seconds: u64) -> String {
+    match seconds {
+        0..60 => format!("{seconds}s"),
+        60..600 => format!("{}m{}s", seconds / 60, seconds % 60),
+        600..3600 => format!("{}m", seconds / 60),
+        _ => format!("{}h{}m", seconds / 3600, seconds % 3600 / 60),
+    }
+}
+
+/// A warning per diskful replica that is not up to date: a running resync
+/// with its progress, or an outdated replica and what brings it back.
+fn resync_warnings(volume: &VolumeRecord, state: &ClusterState) -> Vec<String> {
+    let primaries: Vec<String> = volume
+        .primaries
+        .iter()
+        .map(|primary| state.node_name(primary.node))
+        .collect();
+    volume
+        .diskful()
+        .filter(|replica| !volume.is_in_sync(replica.node))
+        .map(|replica| {
+            let node = state.node_name(replica.node);
+            match &replica.sync {
+                Some(progress) => {
+                    let sync = sync_response(progress);
+                    let eta = sync
+                        .eta_secs
+                        .map(|secs| format!(", about {} left", eta_text(secs)))
+                        .unwrap_or_default();
+                    format!(
+                        "volume {}: the replica on {node} is syncing: {}% ({} of {}) at {}/s{eta}",
+                        volume.name,
+                        sync.percent,
+                        format_size(sync.done_bytes),
+                        format_size(sync.total_bytes),
+                        format_size(sync.rate_bytes_per_sec),
+                    )
+                }
+                None => {
+                    let offline = state
+                        .nodes
+                        .get(&replica.node)
+                        .is_some_and(|record| record.state != NodeState::Online);
+                    let action = match (primaries.is_empty(), offline) {
+                        (_, true) => format!(
+                            "start {node} again, or replace the replica (`trireme volume replica add {}`, then `trireme volume replica remove {} --node {node}`)",
+                            volume.name, volume.name
+                        ),
+                        (true, false) => format!(
+                            "it is resynced once the volume is attached (`trireme volume attach {} --node NODE`)",
+                            volume.name
+                        ),
+                        (false, false) => format!(
+                            "the primary ({}) resyncs it once it reaches {node}",
+                            primaries.join(", ")
+                        ),
+                    };
+                    format!(
+                        "volume {}: the replica on {node} is outdated{}: {action}",
+                        volume.name,
+                        if offline { " and its node is offline" } else { "" }
+                    )
+                }
+            }
+        })
+        .collect()
+}
+
 #[utoipa::path(get, path = "/api/v1/status", tag = "cluster",
     responses((status = 200, description = "One screen of cluster health", body = StatusResponse)))]
 pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
@@ -350,9 +422,12 @@ pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
             .count();
         if diskful < wanted && with_pools > diskful && !volume.deleting {
             warnings.push(format!(
-                "volume {} has {diskful} of {wanted} replicas though {with_pools} nodes have pools: adding replicas to existing volumes comes with replication (not built yet)",
-                volume.name
+                "volume {} has {diskful} of {wanted} replicas though {with_pools} nodes have pools: add one with `trireme volume replica add {}`",
+                volume.name, volume.name
             ));
+        }
+        if !volume.deleting {
+            warnings.extend(resync_warnings(volume, &cluster_state));
         }
     }
     let this_node = cluster_state.node_name(state.cluster.node_id());

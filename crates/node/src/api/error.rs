@@ -1,7 +1,8 @@
 //! [`ApiError`]: how a failure becomes an HTTP answer.
 //!
 //! Status codes: 400 the request is wrong, 404 the named thing is missing,
-//! 409 it conflicts with what exists, 503 the node is stopping, 507 no pool
+//! 409 it conflicts with what exists (attached elsewhere, last up-to-date
+//! replica, quorum), 503 the node is stopping, 507 no pool
 //! can take it, 500 the node itself failed.
 
 use axum::http::StatusCode;
@@ -94,6 +95,24 @@ impl From<crate::cluster::ClusterError> for ApiError {
                 CommandError::JoinReplayed => (StatusCode::FORBIDDEN, "join_refused"),
                 CommandError::ShrinkRefused { .. } => (StatusCode::BAD_REQUEST, "shrink_refused"),
                 CommandError::Placement { .. } => (StatusCode::CONFLICT, "placement_failed"),
+                CommandError::NodeNotOnline { .. } => (StatusCode::CONFLICT, "node_not_online"),
+                CommandError::AlreadyAttached { .. } | CommandError::TwoPrimaries { .. } => {
+                    (StatusCode::CONFLICT, "already_attached")
+                }
+                CommandError::NoUpToDateReplica { .. } => {
+                    (StatusCode::CONFLICT, "no_up_to_date_replica")
+                }
+                CommandError::NotAttached { .. } => (StatusCode::CONFLICT, "not_attached"),
+                CommandError::NotPrimary { .. } => (StatusCode::CONFLICT, "not_primary"),
+                CommandError::WhichPrimary { .. } => (StatusCode::BAD_REQUEST, "which_primary"),
+                CommandError::StaleGeneration { .. } => (StatusCode::CONFLICT, "stale_generation"),
+                CommandError::LastInSync { .. } => (StatusCode::CONFLICT, "last_in_sync"),
+                CommandError::NoDiskfulReplica { .. } => {
+                    (StatusCode::NOT_FOUND, "replica_not_found")
+                }
+                CommandError::ReplicaExists { .. } => (StatusCode::CONFLICT, "replica_exists"),
+                CommandError::WouldLoseQuorum { .. } => (StatusCode::CONFLICT, "would_lose_quorum"),
+                CommandError::VolumeAttached { .. } => (StatusCode::CONFLICT, "volume_attached"),
                 CommandError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
                 CommandError::NotBootstrapped | CommandError::AlreadyBootstrapped { .. } => {
                     (StatusCode::SERVICE_UNAVAILABLE, "cluster_not_ready")

@@ -70,6 +70,10 @@ pub struct ApiState {
         volumes::show_volume,
         volumes::delete_volume,
         volumes::grow_volume,
+        volumes::attach_volume,
+        volumes::detach_volume,
+        volumes::add_replica,
+        volumes::remove_replica,
         cluster::status,
         cluster::list_nodes,
         cluster::remove_node,
@@ -107,6 +111,22 @@ pub fn router(state: ApiState) -> Router {
             get(volumes::show_volume).delete(volumes::delete_volume),
         )
         .route("/api/v1/volumes/{name}/grow", post(volumes::grow_volume))
+        .route(
+            "/api/v1/volumes/{name}/attach",
+            post(volumes::attach_volume),
+        )
+        .route(
+            "/api/v1/volumes/{name}/detach",
+            post(volumes::detach_volume),
+        )
+        .route(
+            "/api/v1/volumes/{name}/replicas",
+            post(volumes::add_replica),
+        )
+        .route(
+            "/api/v1/volumes/{name}/replicas/{node}",
+            axum::routing::delete(volumes::remove_replica),
+        )
         .route("/api/v1/status", get(cluster::status))
         .route("/api/v1/nodes", get(cluster::list_nodes))
         .route(

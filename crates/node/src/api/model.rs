@@ -145,16 +145,72 @@ pub struct GrowVolumeRequest {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AttachRequest {
+    /// The node that serves the volume from now on (its name).
+    pub node: String,
+    /// Attach on a second node while the volume is attached on one (a VM's
+    /// live migration); refused otherwise.
+    #[serde(default)]
+    pub allow_two_primaries: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DetachRequest {
+    /// The primary to detach; may be left out while there is only one.
+    #[serde(default)]
+    pub node: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddReplicaRequest {
+    /// The node to hold the new replica; default: placed by the volume's
+    /// resource group.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// Only pools of this name qualify; default: the group's pools.
+    #[serde(default)]
+    pub pool: Option<String>,
+}
+
+/// A running resync of one replica, as the data path last reported it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SyncResponse {
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    pub rate_bytes_per_sec: u64,
+    /// Seconds left at the current rate; absent while the rate is 0.
+    pub eta_secs: Option<u64>,
+    /// 0 to 100.
+    pub percent: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ReplicaResponse {
     pub node: String,
     /// `diskful`, `diskless` or `tiebreaker`.
     pub kind: String,
     pub pool: Option<String>,
-    /// `pending`, `ready` or `failed`, as its node last reported.
+    /// What the replica is to the volume's data: `primary`, `up-to-date`,
+    /// `outdated` (missed writes, no resync running), `syncing 42%`,
+    /// `diskless` or `tiebreaker`. A primary whose own replica is not up to
+    /// date shows e.g. `primary (syncing 42%)`.
     pub state: String,
+    /// `pending`, `ready` or `failed`, as its node last reported the
+    /// replica's storage.
+    #[serde(default)]
+    pub observed: String,
     /// Why it failed.
     pub message: Option<String>,
     pub allocated_bytes: u64,
+    /// A diskful replica holding every acknowledged write.
+    #[serde(default)]
+    pub in_sync: bool,
+    /// The running resync, if any.
+    #[serde(default)]
+    pub sync: Option<SyncResponse>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -176,6 +232,13 @@ pub struct VolumeResponse {
     /// or than the place-count), `failed` or `deleting`.
     pub state: String,
     pub replicas: Vec<ReplicaResponse>,
+    /// The volume's data-history id: moves forward at each attach with no
+    /// other primary and at each restart of a primary's engine.
+    #[serde(default)]
+    pub generation: u64,
+    /// The nodes where the volume is attached (at most two).
+    #[serde(default)]
+    pub primaries: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -184,6 +247,9 @@ pub struct NodeEntry {
     pub name: String,
     pub api_address: String,
     pub nbd_address: Option<String>,
+    /// `HOST:PORT` of the node's replication listener.
+    #[serde(default)]
+    pub data_address: Option<String>,
     pub labels: std::collections::BTreeMap<String, String>,
     /// `online`, `offline` or `evicted`.
     pub state: String,

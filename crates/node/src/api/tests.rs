@@ -1,5 +1,7 @@
 //! Request validation and error answers, through the real router, on a node
-//! with no pools: none of these requests reaches the store.
+//! with no pools: none of these requests reaches the store. The attach and
+//! replica tests give the cluster state more nodes and pools by writing
+//! commands directly (no agent runs here).
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
@@ -14,6 +16,7 @@ use crate::Node;
 struct TestNode {
     _directory: tempfile::TempDir,
     router: axum::Router,
+    cluster: Arc<crate::cluster::Cluster>,
 }
 
 /// A node without pools in a one-node cluster of its own; its Raft never
@@ -31,39 +34,51 @@ async fn test_node() -> TestNode {
         directory.path(),
         "127.0.0.1:9".to_string(),
         None,
+        None,
     )
     .await
     .unwrap();
     let router = router(ApiState {
         node: Arc::new(node),
         addresses: Arc::new(Addresses::default()),
-        cluster,
+        cluster: cluster.clone(),
     });
     TestNode {
         _directory: directory,
         router,
+        cluster,
     }
 }
 
-async fn call(method: &str, uri: &str, body: Option<&str>) -> (StatusCode, Value) {
-    let node = test_node().await;
-    let mut request = Request::builder().method(method).uri(uri);
-    if body.is_some() {
-        request = request.header(header::CONTENT_TYPE, "application/json");
+impl TestNode {
+    async fn call(&self, method: &str, uri: &str, body: Option<&str>) -> (StatusCode, Value) {
+        let mut request = Request::builder().method(method).uri(uri);
+        if body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = request
+            .body(Body::from(body.unwrap_or("").to_string()))
+            .unwrap();
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let json = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&bytes)))
+        };
+        (status, json)
     }
-    let request = request
-        .body(Body::from(body.unwrap_or("").to_string()))
-        .unwrap();
-    let response = node.router.oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let json = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&bytes)))
-    };
-    (status, json)
+
+    async fn write(&self, command: trireme_control::Command) -> trireme_control::Reply {
+        self.cluster.write(command).await.unwrap()
+    }
+}
+
+/// One request to a fresh node.
+async fn call(method: &str, uri: &str, body: Option<&str>) -> (StatusCode, Value) {
+    test_node().await.call(method, uri, body).await
 }
 
 fn assert_error(answer: &(StatusCode, Value), status: StatusCode, code: &str, words: &str) {
@@ -250,8 +265,281 @@ async fn openapi_document_lists_the_endpoints() {
         "/api/v1/volumes",
         "/api/v1/volumes/{name}",
         "/api/v1/volumes/{name}/grow",
+        "/api/v1/volumes/{name}/attach",
+        "/api/v1/volumes/{name}/detach",
+        "/api/v1/volumes/{name}/replicas",
+        "/api/v1/volumes/{name}/replicas/{node}",
         "/api/v1/pools/{name}/scan",
     ] {
         assert!(json["paths"][path].is_object(), "{path} missing");
     }
+}
+
+/// The answering node `test` (id 1) and nodes `n2` and `n3`, each with a
+/// pool `p1`, and a volume `v` with diskful replicas on `test` and `n2`
+/// (and so a tiebreaker on `n3`).
+async fn three_nodes_and_a_volume() -> TestNode {
+    use trireme_control::{Command, NodeRegistration, PoolRecord, PoolReport};
+    use trireme_types::{DeviceClass, NodeId, NodeName, PoolName, VolumeName};
+    let node = test_node().await;
+    let now = crate::cluster::auth::now_ms();
+    for name in ["n2", "n3"] {
+        node.write(Command::AddNode {
+            node: NodeRegistration {
+                name: NodeName::new(name).unwrap(),
+                api_address: format!("{name}.test:9"),
+                nbd_address: None,
+                data_address: None,
+                labels: Default::default(),
+            },
+            nonce: name.to_string(),
+            now_ms: now,
+        })
+        .await;
+    }
+    for id in 1..=3 {
+        node.write(Command::ReportPools {
+            node: NodeId(id),
+            pools: vec![PoolReport {
+                name: PoolName::new("p1").unwrap(),
+                record: PoolRecord {
+                    class: DeviceClass::Ssd,
+                    capacity_bytes: 1 << 40,
+                    free_bytes: 1 << 40,
+                    online: true,
+                    reported_ms: now,
+                },
+            }],
+        })
+        .await;
+    }
+    node.write(Command::CreateVolume {
+        name: VolumeName::new("v").unwrap(),
+        size_bytes: 1 << 30,
+        group: None,
+        replicas: None,
+        nodes: Some(vec![
+            NodeName::new("test").unwrap(),
+            NodeName::new("n2").unwrap(),
+        ]),
+        pool: None,
+        adopt: None,
+        now_ms: now,
+    })
+    .await;
+    node
+}
+
+/// The volume's replicas as `node: state`, sorted.
+fn replica_states(volume: &Value) -> Vec<String> {
+    let mut states: Vec<String> = volume["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|replica| {
+            format!(
+                "{}: {}",
+                replica["node"].as_str().unwrap(),
+                replica["state"].as_str().unwrap()
+            )
+        })
+        .collect();
+    states.sort();
+    states
+}
+
+#[tokio::test]
+async fn volumes_attach_and_detach_through_the_api() {
+    let node = three_nodes_and_a_volume().await;
+    let (status, volume) = node.call("GET", "/api/v1/volumes/v", None).await;
+    assert_eq!(status, StatusCode::OK, "{volume}");
+    assert_eq!(volume["generation"], 1);
+    assert_eq!(volume["primaries"], serde_json::json!([]));
+    assert_eq!(
+        replica_states(&volume),
+        ["n2: up-to-date", "n3: tiebreaker", "test: up-to-date"]
+    );
+    let first = &volume["replicas"][0];
+    assert_eq!(first["in_sync"], true, "{volume}");
+    assert_eq!(first["observed"], "pending", "{volume}");
+
+    let attach = |body: &'static str| node.call("POST", "/api/v1/volumes/v/attach", Some(body));
+    let nowhere = attach(r#"{"node":"nowhere"}"#).await;
+    assert_error(
+        &nowhere,
+        StatusCode::NOT_FOUND,
+        "node_not_found",
+        "'nowhere'",
+    );
+    let missing = node
+        .call(
+            "POST",
+            "/api/v1/volumes/nope/attach",
+            Some(r#"{"node":"test"}"#),
+        )
+        .await;
+    assert_error(
+        &missing,
+        StatusCode::NOT_FOUND,
+        "volume_not_found",
+        "'nope'",
+    );
+    let typo = attach(r#"{"nod":"test"}"#).await;
+    assert_error(&typo, StatusCode::BAD_REQUEST, "invalid_body", "nod");
+
+    let (status, attached) = attach(r#"{"node":"test"}"#).await;
+    assert_eq!(status, StatusCode::OK, "{attached}");
+    assert_eq!(attached["generation"], 2);
+    assert_eq!(attached["primaries"], serde_json::json!(["test"]));
+    assert_eq!(
+        replica_states(&attached),
+        ["n2: up-to-date", "n3: tiebreaker", "test: primary"]
+    );
+    // Again: nothing changes.
+    let (status, again) = attach(r#"{"node":"test","allow_two_primaries":false}"#).await;
+    assert_eq!(
+        (status, &again["generation"]),
+        (StatusCode::OK, &Value::from(2))
+    );
+
+    let elsewhere = attach(r#"{"node":"n2"}"#).await;
+    assert_error(
+        &elsewhere,
+        StatusCode::CONFLICT,
+        "already_attached",
+        "on node 'test'",
+    );
+    assert_error(
+        &elsewhere,
+        StatusCode::CONFLICT,
+        "already_attached",
+        "--allow-two-primaries",
+    );
+    let delete = node.call("DELETE", "/api/v1/volumes/v", None).await;
+    assert_error(
+        &delete,
+        StatusCode::CONFLICT,
+        "volume_attached",
+        "detach it first",
+    );
+
+    let (status, two) = attach(r#"{"node":"n2","allow_two_primaries":true}"#).await;
+    assert_eq!(status, StatusCode::OK, "{two}");
+    assert_eq!(two["generation"], 2);
+    assert_eq!(two["primaries"], serde_json::json!(["test", "n2"]));
+
+    let detach = |body: &'static str| node.call("POST", "/api/v1/volumes/v/detach", Some(body));
+    let which = detach("{}").await;
+    assert_error(&which, StatusCode::BAD_REQUEST, "which_primary", "--node");
+    let not_there = detach(r#"{"node":"n3"}"#).await;
+    assert_error(&not_there, StatusCode::CONFLICT, "not_primary", "test, n2");
+    let (status, one) = detach(r#"{"node":"test"}"#).await;
+    assert_eq!(status, StatusCode::OK, "{one}");
+    assert_eq!(one["primaries"], serde_json::json!(["n2"]));
+    let (status, none) = detach(r#"{"node":null}"#).await;
+    assert_eq!(status, StatusCode::OK, "{none}");
+    assert_eq!(none["primaries"], serde_json::json!([]));
+    assert_eq!(none["generation"], 2);
+    let not_attached = detach("{}").await;
+    assert_error(
+        &not_attached,
+        StatusCode::CONFLICT,
+        "not_attached",
+        "volume 'v' is not attached",
+    );
+}
+
+#[tokio::test]
+async fn replicas_are_added_and_removed_through_the_api() {
+    use trireme_control::{Command, SyncProgress};
+    use trireme_types::{NodeId, VolumeName};
+    let node = three_nodes_and_a_volume().await;
+    let add = |body: &'static str| node.call("POST", "/api/v1/volumes/v/replicas", Some(body));
+    let exists = add(r#"{"node":"test"}"#).await;
+    assert_error(&exists, StatusCode::CONFLICT, "replica_exists", "'test'");
+    let nowhere = add(r#"{"node":"nowhere"}"#).await;
+    assert_error(
+        &nowhere,
+        StatusCode::NOT_FOUND,
+        "node_not_found",
+        "'nowhere'",
+    );
+    let no_pool = add(r#"{"pool":"p9"}"#).await;
+    assert_error(&no_pool, StatusCode::CONFLICT, "placement_failed", "p9");
+
+    // The only free node is n3: it trades its tiebreaker for a replica,
+    // which is outdated until synced.
+    let (status, added) = add(r#"{"node":null,"pool":null}"#).await;
+    assert_eq!(status, StatusCode::OK, "{added}");
+    assert_eq!(
+        replica_states(&added),
+        ["n2: up-to-date", "n3: outdated", "test: up-to-date"]
+    );
+
+    node.write(Command::ReportSync {
+        name: VolumeName::new("v").unwrap(),
+        node: NodeId(3),
+        progress: Some(SyncProgress {
+            done_bytes: 1 << 28,
+            total_bytes: 1 << 30,
+            rate_bytes_per_sec: 1 << 26,
+            reported_ms: crate::cluster::auth::now_ms(),
+        }),
+    })
+    .await;
+    let (_, syncing) = node.call("GET", "/api/v1/volumes/v", None).await;
+    let n3 = syncing["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|replica| replica["node"] == "n3")
+        .unwrap();
+    assert_eq!(n3["state"], "syncing 25%", "{syncing}");
+    assert_eq!(n3["in_sync"], false);
+    assert_eq!(n3["sync"]["percent"], 25);
+    assert_eq!(n3["sync"]["eta_secs"], 12, "768 MiB left at 64 MiB/s");
+    let (_, status) = node.call("GET", "/api/v1/status", None).await;
+    assert_eq!(status["health"], "HEALTH_WARN");
+    let warnings = status["warnings"].to_string();
+    assert!(
+        warnings.contains("the replica on n3 is syncing: 25%") && warnings.contains("12s left"),
+        "{warnings}"
+    );
+
+    let replicas = &node;
+    let remove = |node_name: &'static str| async move {
+        let uri = format!("/api/v1/volumes/v/replicas/{node_name}");
+        replicas.call("DELETE", &uri, None).await
+    };
+    let nowhere = remove("nowhere").await;
+    assert_error(
+        &nowhere,
+        StatusCode::NOT_FOUND,
+        "node_not_found",
+        "'nowhere'",
+    );
+    let (status, removed) = remove("n3").await;
+    assert_eq!(status, StatusCode::OK, "{removed}");
+    assert_eq!(
+        replica_states(&removed),
+        ["n2: up-to-date", "test: up-to-date"]
+    );
+    let gone = remove("n3").await;
+    assert_error(
+        &gone,
+        StatusCode::NOT_FOUND,
+        "replica_not_found",
+        "no diskful replica",
+    );
+    // Two in-sync replicas left, no node for a tiebreaker: one may still go,
+    // the last may not.
+    let (status, _) = remove("n2").await;
+    assert_eq!(status, StatusCode::OK);
+    let last = remove("test").await;
+    assert_error(
+        &last,
+        StatusCode::CONFLICT,
+        "last_in_sync",
+        "last up-to-date replica",
+    );
 }

@@ -1,20 +1,24 @@
 //! `/api/v1/volumes`: cluster volumes. Creating, growing and deleting are
 //! commands committed through the leader (any node forwards them); the
 //! handlers then wait for the nodes holding replicas to report, so a
-//! `201 Created` volume is ready to use. Reads come from this node's copy of
-//! the cluster state.
+//! `201 Created` volume is ready to use. Attaching, detaching and adding or
+//! removing a replica are commands too; they answer once committed (the
+//! data path acts on them, and resyncs show in the volume's replicas).
+//! Reads come from this node's copy of the cluster state.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use std::time::Duration;
 use trireme_control::{
-    ClusterState, Command, NodeState, ReplicaKind, ReplicaObserved, Reply, VolumeRecord,
+    ClusterState, Command, NodeState, ReplicaKind, ReplicaObserved, ReplicaRecord, Reply,
+    SyncProgress, VolumeRecord,
 };
-use trireme_types::{GroupName, NodeName, VolumeName};
+use trireme_types::{GroupName, NodeId, NodeName, VolumeName};
 
 use super::model::{
-    CreateVolumeRequest, ErrorBody, GrowVolumeRequest, ReplicaResponse, VolumeResponse,
+    AddReplicaRequest, AttachRequest, CreateVolumeRequest, DetachRequest, ErrorBody,
+    GrowVolumeRequest, ReplicaResponse, SyncResponse, VolumeResponse,
 };
 use super::{blocking, validate, ApiError, ApiJson, ApiState};
 use crate::cluster::auth;
@@ -56,6 +60,64 @@ pub fn volume_state(volume: &VolumeRecord, state: &ClusterState) -> &'static str
     }
 }
 
+/// A resync's progress as the API shows it, with its percentage and the
+/// time left at the reported rate.
+pub fn sync_response(progress: &SyncProgress) -> SyncResponse {
+    let done = progress.done_bytes.min(progress.total_bytes);
+    let percent = if progress.total_bytes == 0 {
+        100
+    } else {
+        (u128::from(done) * 100 / u128::from(progress.total_bytes)) as u64
+    };
+    let eta_secs = (progress.rate_bytes_per_sec > 0)
+        .then(|| (progress.total_bytes - done).div_ceil(progress.rate_bytes_per_sec));
+    SyncResponse {
+        done_bytes: progress.done_bytes,
+        total_bytes: progress.total_bytes,
+        rate_bytes_per_sec: progress.rate_bytes_per_sec,
+        eta_secs,
+        percent,
+    }
+}
+
+/// What a replica is to the volume's data: `primary`, `up-to-date`,
+/// `outdated`, `syncing 42%`, `diskless` or `tiebreaker`; a primary whose
+/// own diskful replica is behind shows `primary (outdated)` or
+/// `primary (syncing 42%)`.
+pub fn replica_state(volume: &VolumeRecord, replica: &ReplicaRecord) -> String {
+    let data = match replica.kind {
+        ReplicaKind::Diskless => None,
+        ReplicaKind::Tiebreaker => Some("tiebreaker".to_string()),
+        ReplicaKind::Diskful if volume.is_in_sync(replica.node) => None,
+        ReplicaKind::Diskful => Some(match &replica.sync {
+            Some(progress) => format!("syncing {}%", sync_response(progress).percent),
+            None => "outdated".to_string(),
+        }),
+    };
+    match (volume.is_primary(replica.node), data) {
+        (true, None) => "primary".to_string(),
+        (true, Some(other)) => format!("primary ({other})"),
+        (false, Some(data)) => data,
+        (false, None) if replica.kind == ReplicaKind::Diskless => "diskless".to_string(),
+        (false, None) => "up-to-date".to_string(),
+    }
+}
+
+/// The id of the node named `name`; 404 when there is none.
+pub(super) fn node_named(state: &ClusterState, name: &str) -> Result<NodeId, ApiError> {
+    let name = NodeName::new(name).map_err(NodeError::from)?;
+    state
+        .node_by_name(&name)
+        .map(|node| node.id)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "node_not_found",
+                format!("no node named '{name}': see `trireme node list`"),
+            )
+        })
+}
+
 impl ApiState {
     pub(super) async fn volume_response(&self, record: &VolumeRecord) -> VolumeResponse {
         let me = self.cluster.node_id();
@@ -70,9 +132,27 @@ impl ApiState {
         };
         let state = self.cluster.state.read();
         let diskful: Vec<_> = record.diskful().collect();
-        // Until replicated I/O (attach) exists, a volume is served where its
-        // only replica lives.
+        let url_on = |node: NodeId| {
+            if node == me {
+                self.addresses.nbd_url_base.clone()
+            } else {
+                state
+                    .nodes
+                    .get(&node)
+                    .and_then(|node| node.nbd_address.clone())
+            }
+            .map(|address| format!("nbd://{address}/{}", record.name))
+        };
+        // An attached volume is served by its primary (this node first, if
+        // it is one); one that is not is served where its only replica lives.
+        let primary = record
+            .primaries
+            .iter()
+            .map(|primary| primary.node)
+            .find(|node| *node == me)
+            .or_else(|| record.primaries.first().map(|primary| primary.node));
         let nbd_url = match diskful.as_slice() {
+            _ if primary.is_some() => primary.and_then(url_on),
             [only] if only.node == me => self
                 .addresses
                 .nbd_url_base
@@ -123,15 +203,30 @@ impl ApiState {
                         ReplicaObserved::Ready => ("ready", None),
                         ReplicaObserved::Failed(message) => ("failed", Some(message.clone())),
                     };
+                    let in_sync = record.is_in_sync(replica.node);
                     ReplicaResponse {
                         node: state.node_name(replica.node),
                         kind: replica.kind.as_str().to_string(),
                         pool: replica.pool.as_ref().map(|pool| pool.to_string()),
-                        state: observed.to_string(),
+                        state: replica_state(record, replica),
+                        observed: observed.to_string(),
                         message,
                         allocated_bytes: replica.allocated_bytes,
+                        in_sync,
+                        // A late report about a replica marked in sync since.
+                        sync: replica
+                            .sync
+                            .as_ref()
+                            .filter(|_| !in_sync)
+                            .map(sync_response),
                     }
                 })
+                .collect(),
+            generation: record.generation.0,
+            primaries: record
+                .primaries
+                .iter()
+                .map(|primary| state.node_name(primary.node))
                 .collect(),
         }
     }
@@ -378,4 +473,151 @@ pub async fn grow_volume(
         .await
         .ok_or_else(|| ApiError::from(NodeError::VolumeNotFound(name.clone())))?;
     Ok(Json(state.volume_response(&record).await))
+}
+
+/// This node's copy of `name` once it has applied a change just committed.
+async fn answer_volume(
+    state: &ApiState,
+    name: &VolumeName,
+) -> Result<Json<VolumeResponse>, ApiError> {
+    let record = state.volume_record(name)?;
+    Ok(Json(state.volume_response(&record).await))
+}
+
+#[utoipa::path(post, path = "/api/v1/volumes/{name}/attach", tag = "volumes",
+    params(("name" = String, Path, description = "Volume name")),
+    request_body = AttachRequest,
+    responses(
+        (status = 200, description = "Attached: the node is a primary (it already was, or became one; with no other primary the generation moved forward)", body = VolumeResponse),
+        (status = 404, description = "No such volume or node", body = ErrorBody),
+        (status = 409, description = "Attached elsewhere (the message names the primary), node not online, volume being deleted, or no replica up to date", body = ErrorBody)))]
+pub async fn attach_volume(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    ApiJson(request): ApiJson<AttachRequest>,
+) -> Result<Json<VolumeResponse>, ApiError> {
+    let name = validate::volume_name(&name)?;
+    let node = {
+        let cluster_state = state.cluster.state.read();
+        if !cluster_state.volumes.contains_key(&name) {
+            return Err(NodeError::VolumeNotFound(name).into());
+        }
+        node_named(&cluster_state, &request.node)?
+    };
+    state
+        .cluster
+        .write(Command::AttachVolume {
+            name: name.clone(),
+            node,
+            allow_two_primaries: request.allow_two_primaries,
+            now_ms: auth::now_ms(),
+        })
+        .await?;
+    answer_volume(&state, &name).await
+}
+
+#[utoipa::path(post, path = "/api/v1/volumes/{name}/detach", tag = "volumes",
+    params(("name" = String, Path, description = "Volume name")),
+    request_body = DetachRequest,
+    responses(
+        (status = 200, description = "Detached from the node (the generation stays)", body = VolumeResponse),
+        (status = 400, description = "Attached on two nodes and no node named", body = ErrorBody),
+        (status = 404, description = "No such volume or node", body = ErrorBody),
+        (status = 409, description = "Not attached, or not on that node", body = ErrorBody)))]
+pub async fn detach_volume(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    ApiJson(request): ApiJson<DetachRequest>,
+) -> Result<Json<VolumeResponse>, ApiError> {
+    let name = validate::volume_name(&name)?;
+    let node = {
+        let cluster_state = state.cluster.state.read();
+        if !cluster_state.volumes.contains_key(&name) {
+            return Err(NodeError::VolumeNotFound(name).into());
+        }
+        request
+            .node
+            .as_deref()
+            .map(|node| node_named(&cluster_state, node))
+            .transpose()?
+    };
+    state
+        .cluster
+        .write(Command::DetachVolume {
+            name: name.clone(),
+            node,
+        })
+        .await?;
+    answer_volume(&state, &name).await
+}
+
+#[utoipa::path(post, path = "/api/v1/volumes/{name}/replicas", tag = "volumes",
+    params(("name" = String, Path, description = "Volume name")),
+    request_body = AddReplicaRequest,
+    responses(
+        (status = 200, description = "Placed; the new replica is outdated until the data path has synced it", body = VolumeResponse),
+        (status = 404, description = "No such volume or node", body = ErrorBody),
+        (status = 409, description = "The node already holds one, or no node fits the volume's group (the message says why)", body = ErrorBody)))]
+pub async fn add_replica(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    ApiJson(request): ApiJson<AddReplicaRequest>,
+) -> Result<Json<VolumeResponse>, ApiError> {
+    let name = validate::volume_name(&name)?;
+    let pool = request
+        .pool
+        .as_deref()
+        .map(validate::pool_name)
+        .transpose()?;
+    let node = {
+        let cluster_state = state.cluster.state.read();
+        if !cluster_state.volumes.contains_key(&name) {
+            return Err(NodeError::VolumeNotFound(name).into());
+        }
+        request
+            .node
+            .as_deref()
+            .map(|node| node_named(&cluster_state, node))
+            .transpose()?
+    };
+    state
+        .cluster
+        .write(Command::AddReplica {
+            name: name.clone(),
+            node,
+            pool,
+            now_ms: auth::now_ms(),
+        })
+        .await?;
+    answer_volume(&state, &name).await
+}
+
+#[utoipa::path(delete, path = "/api/v1/volumes/{name}/replicas/{node}", tag = "volumes",
+    params(
+        ("name" = String, Path, description = "Volume name"),
+        ("node" = String, Path, description = "The node whose diskful replica goes")),
+    responses(
+        (status = 200, description = "Removed (a primary keeps a diskless membership)", body = VolumeResponse),
+        (status = 404, description = "No such volume or node, or the node holds no diskful replica", body = ErrorBody),
+        (status = 409, description = "It is the last up-to-date replica, or the volume would lose its quorum", body = ErrorBody)))]
+pub async fn remove_replica(
+    State(state): State<ApiState>,
+    Path((name, node)): Path<(String, String)>,
+) -> Result<Json<VolumeResponse>, ApiError> {
+    let name = validate::volume_name(&name)?;
+    let node = {
+        let cluster_state = state.cluster.state.read();
+        if !cluster_state.volumes.contains_key(&name) {
+            return Err(NodeError::VolumeNotFound(name).into());
+        }
+        node_named(&cluster_state, &node)?
+    };
+    state
+        .cluster
+        .write(Command::RemoveReplica {
+            name: name.clone(),
+            node,
+        })
+        .await?;
+    answer_volume(&state, &name).await
 }

@@ -23,6 +23,7 @@ use trireme_types::{PoolName, VolumeName};
 
 use super::{auth, Cluster};
 use crate::node::PoolStatus;
+use crate::replicated::Replication;
 use crate::{Node, NodeError};
 
 /// Reconcile at least this often, even without state changes.
@@ -32,11 +33,19 @@ const RESYNC_INTERVAL: Duration = Duration::from_secs(5);
 /// and the log should not grow with every write.
 const FREE_BYTES_REPORT_SHARE: u64 = 64;
 
-pub async fn run(cluster: Arc<Cluster>, node: Arc<Node>, mut stop: watch::Receiver<bool>) {
+pub async fn run(
+    cluster: Arc<Cluster>,
+    node: Arc<Node>,
+    replication: Arc<Replication>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut changes = cluster.state.subscribe();
     loop {
         if let Err(error) = reconcile(&cluster, &node).await {
             tracing::warn!(%error, "reconciling this node's replicas failed; retrying");
+        }
+        if let Err(error) = replication.reconcile().await {
+            tracing::warn!(%error, "starting the engines of volumes attached here failed; retrying");
         }
         tokio::select! {
             _ = changes.changed() => {}

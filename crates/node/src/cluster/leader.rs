@@ -280,6 +280,7 @@ mod tests {
             name: NodeName::new(name).unwrap(),
             api_address: "127.0.0.1:9".into(),
             nbd_address: None,
+            data_address: None,
             labels: Default::default(),
         };
         state

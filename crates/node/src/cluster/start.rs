@@ -29,11 +29,13 @@ pub async fn start(
     data_dir: &Path,
     api_address: String,
     nbd_address: Option<String>,
+    data_address: Option<String>,
 ) -> Result<Arc<Cluster>, NodeError> {
     let registration = NodeRegistration {
         name: config.name.clone(),
         api_address: api_address.clone(),
         nbd_address: nbd_address.clone(),
+        data_address,
         labels: config.labels.clone(),
     };
     let existing = Identity::load(data_dir)?;

@@ -1,0 +1,377 @@
+//! The replica side of data links: a node holding a copy of a volume
+//! accepts links from primaries, fences stale ones ([`ReplicaSide`]), and
+//! carries out their writes, flushes and reads on the local store.
+//!
+//! Each link runs on its own thread and handles its messages in order, so
+//! a FLUSH covers every write received before it on that link, and a
+//! resync write lands after the application writes sent before it. Replies
+//! are batched: the socket is flushed when no more requests are buffered.
+
+use std::collections::BTreeMap;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use trireme_replication::message::MAX_FRAME_BYTES;
+use trireme_replication::{
+    FromReplica, HelloOutcome, Payload, ReadData, ReplicaError, ReplicaSide, ToReplica,
+};
+use trireme_store::Volume;
+use trireme_types::{BlockTarget, Generation, TargetError, VolumeName, ZeroFlags};
+
+use super::meta::{ReplicaMeta, ReplicationMeta};
+use super::wire::{push_frame, read_frame, write_frame, LinkOpen};
+use crate::cluster::Cluster;
+use crate::{Node, NodeError};
+use trireme_control::ReplicaKind;
+
+const LINK_BUFFER_BYTES: usize = 256 * 1024;
+
+pub struct ReplicaService {
+    node: Arc<Node>,
+    /// The cluster state says which volumes this node is a tiebreaker of.
+    cluster: Arc<Cluster>,
+    meta: Arc<ReplicationMeta>,
+    cluster_secret: Vec<u8>,
+    sides: Mutex<BTreeMap<VolumeName, Arc<Mutex<ReplicaSide>>>>,
+    next_link: AtomicU64,
+}
+
+/// What the store's error means for replication.
+pub fn replica_error(error: TargetError) -> ReplicaError {
+    match error {
+        TargetError::Io(message) if message.contains("checksum") => ReplicaError::Checksum(message),
+        TargetError::Io(message) => ReplicaError::Io(message),
+        TargetError::NoSpace { pool } => ReplicaError::NoSpace(format!("pool '{pool}' is full")),
+        other => ReplicaError::Refused(other.to_string()),
+    }
+}
+
+impl ReplicaService {
+    pub fn new(
+        node: Arc<Node>,
+        cluster: Arc<Cluster>,
+        meta: Arc<ReplicationMeta>,
+        cluster_secret: Vec<u8>,
+    ) -> Arc<Self> {
+        Arc::new(ReplicaService {
+            node,
+            cluster,
+            meta,
+            cluster_secret,
+            sides: Mutex::new(BTreeMap::new()),
+            next_link: AtomicU64::new(1),
+        })
+    }
+
+    fn side(&self, volume: &VolumeName) -> Result<Arc<Mutex<ReplicaSide>>, NodeError> {
+        let mut sides = self.sides.lock().expect("sides lock");
+        if let Some(side) = sides.get(volume) {
+            return Ok(side.clone());
+        }
+        let stored = self.meta.replica(volume)?;
+        let side = Arc::new(Mutex::new(ReplicaSide::new(
+            stored.accepted,
+            stored.primary_at,
+            stored.clean,
+        )));
+        sides.insert(volume.clone(), side.clone());
+        Ok(side)
+    }
+
+    fn persist(
+        &self,
+        volume: &VolumeName,
+        side: &ReplicaSide,
+        clean: bool,
+    ) -> Result<(), NodeError> {
+        self.meta.set_replica(
+            volume,
+            &ReplicaMeta {
+                accepted: side.accepted(),
+                primary_at: side.primary_at(),
+                clean,
+            },
+        )
+    }
+
+    /// This node starts a primary for `volume` at `generation`: remembered,
+    /// so that after a crash the next primary knows this copy may hold
+    /// writes nobody else got.
+    pub fn set_primary_at(
+        &self,
+        volume: &VolumeName,
+        generation: Generation,
+    ) -> Result<(), NodeError> {
+        let side = self.side(volume)?;
+        let mut side = side.lock().expect("side lock");
+        side.set_primary_at(generation);
+        let clean = self.meta.replica(volume)?.clean;
+        self.persist(volume, &side, clean)
+    }
+
+    pub fn primary_at(&self, volume: &VolumeName) -> Result<Option<Generation>, NodeError> {
+        Ok(self.meta.replica(volume)?.primary_at)
+    }
+
+    /// A deleted volume: its replica state goes too.
+    pub fn forget(&self, volume: &VolumeName) -> Result<(), NodeError> {
+        self.sides.lock().expect("sides lock").remove(volume);
+        self.meta.forget_volume(volume)
+    }
+
+    /// Accepts links from primaries on other nodes, each on its own thread.
+    pub fn listen(self: &Arc<Self>, listener: TcpListener) {
+        let service = self.clone();
+        std::thread::Builder::new()
+            .name("data-accept".into())
+            .spawn(move || {
+                for stream in listener.incoming() {
+                    let Ok(stream) = stream else { continue };
+                    let service = service.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("data-link".into())
+                        .spawn(move || {
+                            if let Err(error) = service.accept(stream) {
+                                tracing::debug!(%error, "data link ended");
+                            }
+                        });
+                }
+            })
+            .expect("spawn the data listener thread");
+    }
+
+    fn accept(&self, stream: TcpStream) -> std::io::Result<()> {
+        stream.set_nodelay(true)?;
+        let mut reader = stream.try_clone()?;
+        let mut writer = stream;
+        let mut frame = Vec::new();
+        super::wire::read_frame(&mut reader, &mut frame)?;
+        let opened = serde_json::from_slice::<LinkOpen>(&frame)
+            .map_err(|error| error.to_string())
+            .and_then(|open| open.verify(&self.cluster_secret).map(|()| open))
+            .and_then(|open| {
+                let name = VolumeName::new(&open.volume).map_err(|error| error.to_string())?;
+                match self.node.open_volume(name.as_str()) {
+                    Some(volume) => Ok((name, Some(volume))),
+                    // A tiebreaker holds no data: it only votes, and fences
+                    // primaries like any replica.
+                    None if self.is_tiebreaker(&name) => Ok((name, None)),
+                    None => Err(format!("no replica of volume '{name}' on this node")),
+                }
+            });
+        match opened {
+            Ok((name, volume)) => {
+                write_frame(&mut writer, b"")?;
+                self.serve_link(&name, volume, reader, writer)
+            }
+            Err(reason) => {
+                tracing::warn!(%reason, "refused a data link");
+                write_frame(&mut writer, reason.as_bytes())
+            }
+        }
+    }
+
+    fn is_tiebreaker(&self, name: &VolumeName) -> bool {
+        let me = self.cluster.node_id();
+        let state = self.cluster.state.read();
+        state.volumes.get(name).is_some_and(|volume| {
+            volume
+                .replica(me)
+                .is_some_and(|replica| replica.kind == ReplicaKind::Tiebreaker)
+        })
+    }
+
+    /// Serves the local end of a primary on this very node.
+    pub fn serve_local(
+        self: &Arc<Self>,
+        name: VolumeName,
+        volume: Arc<Volume>,
+        stream: UnixStream,
+    ) {
+        let service = self.clone();
+        let _ = std::thread::Builder::new()
+            .name("data-local".into())
+            .spawn(move || {
+                let Ok(reader) = stream.try_clone() else {
+                    return;
+                };
+                if let Err(error) = service.serve_link(&name, Some(volume), reader, stream) {
+                    tracing::debug!(%error, "local data link ended");
+                }
+            });
+    }
+
+    fn serve_link(
+        &self,
+        name: &VolumeName,
+        volume: Option<Arc<Volume>>,
+        reader: impl Read,
+        writer: impl Write,
+    ) -> std::io::Result<()> {
+        let side = self
+            .side(name)
+            .map_err(|error| std::io::Error::other(error.to_string()))?;
+        let link = self.next_link.fetch_add(1, Ordering::Relaxed);
+        let mut reader = BufReader::with_capacity(LINK_BUFFER_BYTES, reader);
+        let mut writer = BufWriter::with_capacity(LINK_BUFFER_BYTES, writer);
+        let mut frame = Vec::new();
+        let mut out = Vec::new();
+        let result = loop {
+            if let Err(error) = read_frame(&mut reader, &mut frame) {
+                break Err(error);
+            }
+            let message = match ToReplica::decode(&frame) {
+                Ok(message) => message,
+                Err(error) => {
+                    break Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("bad message from the primary: {error}"),
+                    ))
+                }
+            };
+            let (reply, close) = self.handle(name, volume.as_deref(), &side, link, message);
+            if let Some(reply) = reply {
+                out.clear();
+                push_frame(&mut out, |body| reply.encode(body));
+                if let Err(error) = writer.write_all(&out) {
+                    break Err(error);
+                }
+            }
+            if close || reader.buffer().is_empty() {
+                if let Err(error) = writer.flush() {
+                    break Err(error);
+                }
+            }
+            if close {
+                break Ok(());
+            }
+        };
+        side.lock().expect("side lock").link_closed(link);
+        result
+    }
+
+    /// One message: the reply, and whether to close the link.
+    fn handle(
+        &self,
+        name: &VolumeName,
+        volume: Option<&Volume>,
+        side: &Mutex<ReplicaSide>,
+        link: u64,
+        message: ToReplica,
+    ) -> (Option<FromReplica>, bool) {
+        match message {
+            ToReplica::Hello {
+                generation,
+                primary,
+            } => {
+                let mut side = side.lock().expect("side lock");
+                match side.on_hello(link, generation, primary) {
+                    HelloOutcome::Refuse(reply) => (Some(reply), true),
+                    HelloOutcome::Accept { welcome, .. } => {
+                        // Durable before the welcome: a restart must not
+                        // forget that a newer primary was accepted.
+                        if let Err(error) = self.persist(name, &side, false) {
+                            tracing::error!(%error, volume = %name, "cannot persist the accepted generation; refusing the primary");
+                            return (None, true);
+                        }
+                        (Some(welcome), false)
+                    }
+                }
+            }
+            ToReplica::Goodbye => {
+                let mut side = side.lock().expect("side lock");
+                if side.on_goodbye(link) {
+                    if let Err(error) = self.persist(name, &side, true) {
+                        tracing::warn!(%error, volume = %name, "cannot record the clean detach");
+                    }
+                }
+                (None, true)
+            }
+            message => {
+                if let Err(refusal) = side.lock().expect("side lock").admit(link, &message) {
+                    return (Some(refusal), true);
+                }
+                match volume {
+                    Some(volume) => (Some(execute(volume, message)), false),
+                    None => {
+                        // A primary never sends data to a tiebreaker; one
+                        // that does is confused: close the link.
+                        tracing::warn!(volume = %name, "a primary sent data to this tiebreaker; closing the link");
+                        (None, true)
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn execute(volume: &Volume, message: ToReplica) -> FromReplica {
+    match message {
+        ToReplica::Write {
+            seq,
+            offset,
+            payload,
+            fua,
+            ..
+        } => {
+            let result = match payload {
+                Payload::Data(data) => volume.write(offset, data.to_vec(), fua),
+                Payload::Zeroes { length, trim: true } => volume.trim(offset, length, fua),
+                Payload::Zeroes {
+                    length,
+                    trim: false,
+                } => volume.write_zeroes(
+                    offset,
+                    length,
+                    ZeroFlags {
+                        fua,
+                        no_hole: false,
+                        fast_zero: false,
+                    },
+                ),
+            };
+            FromReplica::Ack {
+                seq,
+                result: result.map_err(replica_error),
+            }
+        }
+        ToReplica::Flush { seq } => FromReplica::Ack {
+            seq,
+            result: volume.flush().map_err(replica_error),
+        },
+        ToReplica::Read { id, offset, length } => FromReplica::ReadReply {
+            id,
+            result: read(volume, offset, length),
+        },
+        ToReplica::Hello { .. } | ToReplica::Goodbye => unreachable!("handled by the caller"),
+    }
+}
+
+fn read(volume: &Volume, offset: u64, length: u64) -> Result<ReadData, ReplicaError> {
+    if length as usize > MAX_FRAME_BYTES - 64
+        || offset
+            .checked_add(length)
+            .is_none_or(|end| end > volume.size_bytes())
+    {
+        return Err(ReplicaError::Refused(format!(
+            "read of {length} bytes at {offset} is outside the volume or too large"
+        )));
+    }
+    // A hole needs no bytes on the wire: resyncs of thin volumes copy only
+    // what was written.
+    if let Ok(extents) = volume.block_status(offset, length) {
+        if extents
+            .first()
+            .is_some_and(|extent| extent.length_bytes >= length && extent.zero)
+        {
+            return Ok(ReadData::Zeroes);
+        }
+    }
+    let mut buffer = vec![0u8; length as usize];
+    volume
+        .read(offset, &mut buffer)
+        .map(|()| ReadData::Data(buffer))
+        .map_err(replica_error)
+}
