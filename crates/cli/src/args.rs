@@ -266,6 +266,12 @@ pub struct RunArgs {
     /// Unix socket of the NBD server [default: DATA_DIR/nbd.sock].
     #[arg(long)]
     pub nbd_socket: Option<PathBuf>,
+    /// Where primaries on other nodes open data links (replication)
+    /// [default: the --api-listen IP, on a port the system picks; the
+    /// cluster state tells the other nodes]. Set it to open one port in a
+    /// firewall.
+    #[arg(long)]
+    pub data_listen: Option<SocketAddr>,
     /// Address of the REST API; other nodes and the CLI use it. Clients not
     /// on loopback need the admin token (DATA/admin.token).
     #[arg(long, default_value = trireme_node::daemon::DEFAULT_API_LISTEN)]
@@ -377,19 +383,87 @@ pub enum VolumeCommand {
         #[arg(long, value_name = "NODES", value_delimiter = ',', value_parser = parse_node_name)]
         nodes: Option<Vec<NodeName>>,
     },
-    /// List volumes: size, allocation, group, state and replicas, and each
-    /// pool's provisioning vs capacity.
+    /// List volumes: size, allocation, group, state, where each is
+    /// attached and its replicas, and each pool's provisioning vs capacity.
     ///
     /// STATE is creating, ready, degraded (fewer ready replicas than
-    /// placed), failed or deleting. REPLICAS names the nodes: `n2*` is a
+    /// placed), failed or deleting. ATTACHED names the nodes serving the
+    /// volume (its primaries). REPLICAS names the nodes: `n2*` is a
     /// replica its node has not reported yet, `n2!` one that failed,
-    /// `n4(tb)` a tiebreaker (votes, holds no data), `n5(dl)` a diskless member.
+    /// `n4(tb)` a tiebreaker (votes, holds no data), `n5(dl)` a diskless
+    /// member, `n3(outdated)` or `n3(syncing 42%)` a replica that is not
+    /// up to date.
     List,
-    /// Show one volume, with one line per replica.
+    /// Show one volume, with one line per replica; --wait follows resyncs
+    ///
+    /// It shows the volume's generation, where it is attached, and each
+    /// replica's state: primary, up-to-date, outdated, syncing (percent, rate
+    /// and time left), diskless or tiebreaker.
+    ///
+    /// With --wait it follows the running resyncs with a progress bar each
+    /// (refreshed every 500 ms) and returns once every diskful replica is up
+    /// to date, then shows the volume; --output json prints only the final
+    /// volume.
+    ///
+    /// Examples:
+    ///   trireme volume show vm1
+    ///   trireme volume show vm1 --wait --timeout 30m
+    #[command(verbatim_doc_comment)]
     Show {
         #[arg(value_parser = parse_volume_name)]
         name: VolumeName,
+        /// Wait until every diskful replica is up to date (no outdated
+        /// replica, no resync running).
+        #[arg(long)]
+        wait: bool,
+        /// With --wait: fail after this long, e.g. 90s, 10m or 1h
+        /// [default: wait as long as it takes].
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "wait")]
+        timeout: Option<u64>,
     },
+    /// Attach a volume to a node, which then serves it over NBD
+    ///
+    /// The node becomes the volume's primary: it serves it at
+    /// nbd://NODE:10809/NAME and replicates every write to the replicas.
+    /// Attaching where no other node is attached starts a new generation of
+    /// the volume's data: replicas then refuse writes from any former
+    /// primary, so a node cut off from the cluster cannot corrupt them.
+    /// Refused when the volume is attached on another node (detach it there
+    /// first), when the node is not online, or when no replica is up to
+    /// date. Attaching on the node where it is attached changes nothing.
+    ///
+    /// Examples:
+    ///   trireme volume attach vm1 --node pve1
+    ///   # live migration: attach on the target too, then detach the source
+    ///   trireme volume attach vm1 --node pve2 --allow-two-primaries
+    ///   trireme volume detach vm1 --node pve1
+    #[command(verbatim_doc_comment)]
+    Attach {
+        #[arg(value_parser = parse_volume_name)]
+        name: VolumeName,
+        /// The node that serves the volume (see `trireme node list`).
+        #[arg(long, value_parser = parse_node_name)]
+        node: NodeName,
+        /// Allow a second primary while the volume is attached elsewhere,
+        /// for a VM's live migration. Both serve the same data; detach the
+        /// old one once the VM has moved.
+        #[arg(long)]
+        allow_two_primaries: bool,
+    },
+    /// Detach a volume: the node stops serving it (its NBD clients get
+    /// errors). The data and the replicas stay.
+    ///
+    /// --node is needed only while the volume is attached on two nodes.
+    Detach {
+        #[arg(value_parser = parse_volume_name)]
+        name: VolumeName,
+        /// The node to detach from [default: the only node it is attached on].
+        #[arg(long, value_parser = parse_node_name)]
+        node: Option<NodeName>,
+    },
+    /// Add or remove one diskful replica of a volume.
+    #[command(subcommand)]
+    Replica(ReplicaCommand),
     /// Grow a volume to a new size (volumes never shrink).
     Grow {
         #[arg(value_parser = parse_volume_name)]
@@ -405,6 +479,50 @@ pub enum VolumeCommand {
     Delete {
         #[arg(value_parser = parse_volume_name)]
         name: VolumeName,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReplicaCommand {
+    /// Add a diskful replica, placed by the volume's group or on --node
+    ///
+    /// The placement follows the volume's resource group (its pools, device
+    /// class and label spread) unless --node names the node. The new replica is empty: it is outdated until the volume's primary
+    /// has copied the data to it; `trireme volume show NAME --wait` follows
+    /// the resync. With an even number of diskful replicas the volume gets a
+    /// tiebreaker; with an odd number it needs none.
+    ///
+    /// Examples:
+    ///   trireme volume replica add vm1
+    ///   trireme volume replica add vm1 --node pve4 --pool nvme
+    #[command(verbatim_doc_comment)]
+    Add {
+        #[arg(value_parser = parse_volume_name)]
+        name: VolumeName,
+        /// The node to hold it [default: chosen by the group's placement rules].
+        #[arg(long, value_parser = parse_node_name)]
+        node: Option<NodeName>,
+        /// Only pools of this name qualify [default: the group's pools].
+        #[arg(long, value_parser = parse_pool_name)]
+        pool: Option<PoolName>,
+    },
+    /// Remove the diskful replica on a node
+    ///
+    /// Refused when it is the last up-to-date replica, or when the replicas
+    /// left (with the tiebreaker) would not hold a majority of up-to-date
+    /// votes: wait for resyncs first (`trireme volume show NAME --wait`). A
+    /// node where the volume is attached keeps serving it, without a copy
+    /// of its own.
+    ///
+    /// Example:
+    ///   trireme volume replica remove vm1 --node pve3
+    #[command(verbatim_doc_comment)]
+    Remove {
+        #[arg(value_parser = parse_volume_name)]
+        name: VolumeName,
+        /// The node whose replica goes.
+        #[arg(long, value_parser = parse_node_name)]
+        node: NodeName,
     },
 }
 
@@ -844,6 +962,92 @@ mod tests {
             "a=b"
         ])
         .is_err());
+    }
+
+    #[test]
+    fn attach_detach_and_replica_commands_parse() {
+        let cli = parse(&["volume", "attach", "vm1", "--node", "pve1"]).unwrap();
+        let Command::Volume(VolumeCommand::Attach {
+            name,
+            node,
+            allow_two_primaries,
+        }) = cli.command
+        else {
+            panic!("wrong command: {:?}", cli.command);
+        };
+        assert_eq!((name.as_str(), node.as_str()), ("vm1", "pve1"));
+        assert!(!allow_two_primaries);
+        assert!(
+            parse(&["volume", "attach", "vm1"]).is_err(),
+            "--node is required"
+        );
+        let cli = parse(&[
+            "volume",
+            "attach",
+            "vm1",
+            "--node",
+            "pve2",
+            "--allow-two-primaries",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Volume(VolumeCommand::Attach {
+                allow_two_primaries: true,
+                ..
+            })
+        ));
+
+        let cli = parse(&["volume", "detach", "vm1"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Volume(VolumeCommand::Detach { node: None, .. })
+        ));
+
+        let cli = parse(&["volume", "replica", "add", "vm1", "--pool", "fast"]).unwrap();
+        let Command::Volume(VolumeCommand::Replica(ReplicaCommand::Add { node, pool, .. })) =
+            cli.command
+        else {
+            panic!("wrong command: {:?}", cli.command);
+        };
+        assert_eq!((node, pool.unwrap().as_str()), (None, "fast"));
+        let cli = parse(&["volume", "replica", "remove", "vm1", "--node", "pve3"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Volume(VolumeCommand::Replica(ReplicaCommand::Remove { .. }))
+        ));
+        assert!(
+            parse(&["volume", "replica", "remove", "vm1"]).is_err(),
+            "--node is required"
+        );
+        let error = parse(&["volume", "replica", "add", "vm1", "--node", "a/b"]).unwrap_err();
+        assert!(error.to_string().contains("node name 'a/b'"), "{error}");
+    }
+
+    #[test]
+    fn volume_show_waits_with_an_optional_timeout() {
+        let cli = parse(&["volume", "show", "vm1"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Volume(VolumeCommand::Show {
+                wait: false,
+                timeout: None,
+                ..
+            })
+        ));
+        let cli = parse(&["volume", "show", "vm1", "--wait", "--timeout", "10m"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Volume(VolumeCommand::Show {
+                wait: true,
+                timeout: Some(600),
+                ..
+            })
+        ));
+        assert!(
+            parse(&["volume", "show", "vm1", "--timeout", "10m"]).is_err(),
+            "--timeout needs --wait"
+        );
     }
 
     #[test]

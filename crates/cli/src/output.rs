@@ -5,7 +5,7 @@ use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 use std::collections::BTreeSet;
 use trireme_node::api::model::{
     GroupBody, NodeEntry, NodeResponse, PoolResponse, PoolState, ReplicaResponse, ScanResponse,
-    SettingsBody, StatusResponse, VolumeResponse,
+    SettingsBody, StatusResponse, SyncResponse, VolumeResponse,
 };
 use trireme_types::format_size;
 
@@ -149,6 +149,7 @@ pub fn volumes_table(volumes: &[VolumeResponse], pools: &[PoolResponse], not_onl
         "ALLOCATED",
         "GROUP",
         "STATE",
+        "ATTACHED",
         "REPLICAS",
         "NBD",
     ]);
@@ -160,6 +161,7 @@ pub fn volumes_table(volumes: &[VolumeResponse], pools: &[PoolResponse], not_onl
             right(format_size(volume.allocated_bytes)),
             Cell::new(&volume.group),
             Cell::new(&volume.state),
+            Cell::new(attached(volume)),
             Cell::new(replicas_column(&volume.replicas, not_online)),
             Cell::new(volume.nbd_url.as_deref().unwrap_or("-")),
         ]);
@@ -190,6 +192,43 @@ pub fn volumes_table(volumes: &[VolumeResponse], pools: &[PoolResponse], not_onl
     }
 }
 
+/// The primaries of a volume, `pve1` or `pve1,pve2`, or `-`.
+fn attached(volume: &VolumeResponse) -> String {
+    if volume.primaries.is_empty() {
+        "-".to_string()
+    } else {
+        volume.primaries.join(",")
+    }
+}
+
+/// `3m20s`, `45s`, `2h5m`: a time left.
+pub fn format_eta(seconds: u64) -> String {
+    match seconds {
+        0..60 => format!("{seconds}s"),
+        60..600 => format!("{}m{}s", seconds / 60, seconds % 60),
+        600..3600 => format!("{}m", seconds / 60),
+        _ => format!("{}h{}m", seconds / 3600, seconds % 3600 / 60),
+    }
+}
+
+/// `12 MiB/s, 3m20s left`: the rate and time left of a resync.
+pub fn sync_rate(sync: &SyncResponse) -> String {
+    let left = match sync.eta_secs {
+        Some(seconds) => format!("{} left", format_eta(seconds)),
+        None => "time left unknown".to_string(),
+    };
+    format!("{}/s, {left}", format_size(sync.rate_bytes_per_sec))
+}
+
+/// A replica's state as `volume show` prints it: the API's state, with the
+/// resync's rate and time left, e.g. `syncing 42% (12 MiB/s, 3m20s left)`.
+pub fn replica_state_text(replica: &ReplicaResponse) -> String {
+    match &replica.sync {
+        Some(sync) => format!("{} ({})", replica.state, sync_rate(sync)),
+        None => replica.state.clone(),
+    }
+}
+
 pub fn volume_detail(volume: &VolumeResponse, not_online: &NotOnline) {
     let mut table = new_table(&["VOLUME", &volume.name]);
     let rows: Vec<(&str, String)> = vec![
@@ -209,6 +248,8 @@ pub fn volume_detail(volume: &VolumeResponse, not_online: &NotOnline) {
         ("nbd", volume.nbd_url.clone().unwrap_or_else(|| "-".into())),
         ("group", volume.group.clone()),
         ("state", volume.state.clone()),
+        ("generation", volume.generation.to_string()),
+        ("attached on", attached(volume)),
         ("replicas", replicas_column(&volume.replicas, not_online)),
     ];
     for (key, value) in rows {
@@ -218,13 +259,22 @@ pub fn volume_detail(volume: &VolumeResponse, not_online: &NotOnline) {
     replicas_table(&volume.replicas, not_online);
 }
 
-/// One line per replica: node, kind, pool, state, allocation and why it failed.
+/// One line per replica: node, kind, pool, state (of its data), what its
+/// node reported about its storage, allocation and why it failed.
 fn replicas_table(replicas: &[ReplicaResponse], not_online: &NotOnline) {
     if replicas.is_empty() {
         println!("no replicas");
         return;
     }
-    let mut table = new_table(&["NODE", "KIND", "POOL", "STATE", "ALLOCATED", "MESSAGE"]);
+    let mut table = new_table(&[
+        "NODE",
+        "KIND",
+        "POOL",
+        "STATE",
+        "STORAGE",
+        "ALLOCATED",
+        "MESSAGE",
+    ]);
     for replica in sorted_replicas(replicas) {
         // Only diskful replicas are made and reported by their node.
         let diskful = replica.kind == "diskful";
@@ -232,9 +282,10 @@ fn replicas_table(replicas: &[ReplicaResponse], not_online: &NotOnline) {
             Cell::new(&replica.node),
             Cell::new(&replica.kind),
             Cell::new(replica.pool.as_deref().unwrap_or("-")),
+            Cell::new(replica_state_text(replica)),
             Cell::new(match (diskful, not_online.contains(&replica.node)) {
-                (true, true) => format!("{} (node offline)", replica.state),
-                (true, false) => replica.state.clone(),
+                (true, true) => format!("{} (node offline)", replica.observed),
+                (true, false) => replica.observed.clone(),
                 (false, true) => "node offline".to_string(),
                 (false, false) => "-".to_string(),
             }),
@@ -267,19 +318,28 @@ pub type NotOnline = BTreeSet<String>;
 
 /// How a replica shows in [`replicas_column`]: its node's name, `!` when
 /// it failed, `*` when its node has not reported it yet (diskful replicas
-/// only: the others hold no data), then in parentheses `tb` for the
+/// only: the others hold no data), then in parentheses `outdated` or
+/// `syncing 42%` for a diskful replica that is not up to date, `tb` for the
 /// tiebreaker, `dl` for a diskless member and `off` when its node is not
-/// online. E.g. `n1`, `n2*`, `n3!(off)`, `n4(tb)`, `n5(dl,off)`.
+/// online. E.g. `n1`, `n2*`, `n3!(off)`, `n4(tb)`, `n5(dl,off)`,
+/// `n6(syncing 42%)`.
 fn replica_label(replica: &ReplicaResponse, not_online: &NotOnline) -> String {
     let mut label = replica.node.clone();
     let mut notes = Vec::new();
-    match (replica.kind.as_str(), replica.state.as_str()) {
+    match (replica.kind.as_str(), replica.observed.as_str()) {
         ("diskful", "ready") => {}
         ("diskful", "failed") => label.push('!'),
         ("diskful", _) => label.push('*'),
         ("tiebreaker", _) => notes.push("tb"),
         ("diskless", _) => notes.push("dl"),
         (other, _) => notes.push(other),
+    }
+    let behind = match &replica.sync {
+        Some(sync) => format!("syncing {}%", sync.percent),
+        None => "outdated".to_string(),
+    };
+    if replica.kind == "diskful" && !replica.in_sync {
+        notes.insert(0, &behind);
     }
     if not_online.contains(&replica.node) {
         notes.push("off");
@@ -311,7 +371,7 @@ fn replicas_legend<'a>(
     let (mut pending, mut failed, mut tiebreaker, mut diskless, mut off) =
         (false, false, false, false, false);
     for replica in replicas {
-        match (replica.kind.as_str(), replica.state.as_str()) {
+        match (replica.kind.as_str(), replica.observed.as_str()) {
             ("diskful", "ready") => {}
             ("diskful", "failed") => failed = true,
             ("diskful", _) => pending = true,
@@ -597,15 +657,60 @@ pub fn scan_report(pool: &str, report: &ScanResponse) {
 mod tests {
     use super::*;
 
-    fn replica(node: &str, kind: &str, state: &str) -> ReplicaResponse {
+    fn replica(node: &str, kind: &str, observed: &str) -> ReplicaResponse {
         ReplicaResponse {
             node: node.to_string(),
             kind: kind.to_string(),
             pool: (kind == "diskful").then(|| "default".to_string()),
-            state: state.to_string(),
-            message: (state == "failed").then(|| "No space left on device".to_string()),
+            state: if kind == "diskful" {
+                "up-to-date"
+            } else {
+                kind
+            }
+            .to_string(),
+            observed: observed.to_string(),
+            message: (observed == "failed").then(|| "No space left on device".to_string()),
             allocated_bytes: 0,
+            in_sync: kind == "diskful",
+            sync: None,
         }
+    }
+
+    #[test]
+    fn replicas_not_up_to_date_say_how_far_they_are() {
+        let all_online = NotOnline::new();
+        let mut outdated = replica("n2", "diskful", "ready");
+        outdated.in_sync = false;
+        outdated.state = "outdated".into();
+        let mut syncing = replica("n3", "diskful", "pending");
+        syncing.in_sync = false;
+        syncing.state = "syncing 42%".into();
+        syncing.sync = Some(SyncResponse {
+            done_bytes: 42,
+            total_bytes: 100,
+            rate_bytes_per_sec: 12 << 20,
+            eta_secs: Some(200),
+            percent: 42,
+        });
+        let replicas = [replica("n1", "diskful", "ready"), outdated, syncing];
+        assert_eq!(
+            replicas_column(&replicas, &all_online),
+            "n1,n2(outdated),n3*(syncing 42%)"
+        );
+        assert_eq!(
+            replica_state_text(&replicas[2]),
+            "syncing 42% (12 MiB/s, 3m20s left)"
+        );
+        assert_eq!(replica_state_text(&replicas[1]), "outdated");
+    }
+
+    #[test]
+    fn times_left_are_short() {
+        assert_eq!(format_eta(0), "0s");
+        assert_eq!(format_eta(59), "59s");
+        assert_eq!(format_eta(200), "3m20s");
+        assert_eq!(format_eta(1800), "30m");
+        assert_eq!(format_eta(7500), "2h5m");
     }
 
     #[test]

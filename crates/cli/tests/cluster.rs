@@ -298,6 +298,7 @@ fn signed_join_request(token: &str, name: &str) -> String {
             name: trireme_types::NodeName::new(name).unwrap(),
             api_address: "127.0.0.1:9".into(),
             nbd_address: None,
+            data_address: None,
             labels: Default::default(),
         },
         nonce: auth::random_hex(16),

@@ -1,5 +1,6 @@
-//! A minority cut off by the network cannot change the cluster state; the
-//! majority can; after healing, every node agrees.
+//! A minority cut off by the network cannot change the cluster state or
+//! complete writes to a volume; the majority can; after healing, every node
+//! agrees and every replica holds the majority's data.
 //!
 //! Three nodes run in network namespaces this test creates, joined by veth
 //! pairs to a bridge in the test's namespace. Cutting a node is taking its
@@ -28,9 +29,14 @@ fn ip(args: &[&str]) {
 
 impl Network {
     fn create(nodes: usize) -> Network {
-        // Short names: interface names are limited to 15 bytes.
-        let tag = format!("tr{}", std::process::id() % 100_000);
-        let subnet = 100 + (std::process::id() % 100) as u8;
+        // Unique per run and per network (the tests of this file run in
+        // parallel in one process); short, as interface names are limited
+        // to 15 bytes.
+        static NETWORKS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let index = NETWORKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id();
+        let tag = format!("tr{}n{index}", pid % 100_000);
+        let subnet = (10 + (pid * 2 + index) % 240) as u8;
         let network = Network { tag, subnet, nodes };
         let bridge = network.bridge();
         ip(&["link", "add", &bridge, "type", "bridge"]);
@@ -210,5 +216,149 @@ fn a_cut_off_minority_cannot_change_state() {
         leaders.len(),
         1,
         "nodes name different leaders: {leaders:?}"
+    );
+}
+
+/// `qemu-io` run inside `namespace` (a client on that side of the cut).
+fn qemu_io_in(namespace: &str, uri: &str, commands: &[&str]) -> CmdOut {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", namespace, "qemu-io", "-f", "raw"]);
+    for command in commands {
+        c.args(["-c", command]);
+    }
+    c.arg(uri);
+    exec(&mut c, Duration::from_secs(120))
+}
+
+fn in_sync_everywhere(node: &TestNode, volume: &str) -> bool {
+    let shown = node.cli_json(&["volume", "show", volume]);
+    shown["replicas"]
+        .as_array()
+        .map(|replicas| {
+            replicas
+                .iter()
+                .filter(|replica| replica["kind"] == "diskful")
+                .all(|replica| replica["in_sync"] == true)
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_cut_off_primary_cannot_complete_writes_and_the_majority_takes_over() {
+    if !is_root() {
+        skip("network namespaces need root");
+        return;
+    }
+    if let Some(reason) = missing_tools(&["ip", "qemu-io"]) {
+        skip(&reason);
+        return;
+    }
+    let network = Network::create(3);
+    let spec = |i: usize, join: Option<(String, String)>| NodeSpec {
+        name: Some(format!("n{i}")),
+        join,
+        ip: Some(network.address(i)),
+        netns: Some(network.namespace(i)),
+        args: Vec::new(),
+    };
+    let mut nodes = vec![TestNode::start_with(spec(1, None))];
+    let token = join_token(&nodes[0]);
+    for i in 2..=3 {
+        nodes.push(TestNode::start_with(spec(
+            i,
+            Some((nodes[0].api_address(), token.clone())),
+        )));
+    }
+    let settled = wait_until(Duration::from_secs(60), || {
+        let status = nodes[2].cli_json(&["status"]);
+        status["voters"].as_array().map(Vec::len) == Some(3) && status["nodes"]["online"] == 3
+    });
+    assert!(settled, "three voters never settled");
+    nodes[0].cli(&["volume", "create", "pv", "--size", "16M"]);
+    assert!(wait_until(Duration::from_secs(30), || in_sync_everywhere(
+        &nodes[0], "pv"
+    )));
+    nodes[0].cli(&["volume", "attach", "pv", "--node", "n1"]);
+    let uri = |i: usize| format!("nbd://{}:{}/pv", network.address(i), nodes[i - 1].nbd_port);
+    let n1 = uri(1);
+    assert!(
+        wait_until(Duration::from_secs(30), || qemu_io_ok(&qemu_io_in(
+            &network.namespace(1),
+            &n1,
+            &["write -P 0x11 0 1M", "flush"]
+        ))),
+        "n1 never served pv\n{}",
+        nodes[0].log_tail()
+    );
+
+    // Cut n1 off. A client on its side cannot complete a write: the
+    // primary can reach neither replica nor the control plane.
+    network.cut(1);
+    let stranded = qemu_io_in(&network.namespace(1), &n1, &["write -P 0x99 0 4k", "flush"]);
+    assert!(
+        !qemu_io_ok(&stranded),
+        "a write on the cut-off primary completed: {}",
+        stranded.describe("qemu-io on n1's side")
+    );
+
+    // The majority detaches n1, attaches n2, and writes.
+    let moved = wait_until(Duration::from_secs(60), || {
+        exec(
+            &mut nodes[1].cli_cmd(&["volume", "detach", "pv", "--node", "n1"]),
+            CLI_TIMEOUT,
+        )
+        .success()
+    });
+    assert!(
+        moved,
+        "the majority could not detach n1\n{}",
+        nodes[1].log_tail()
+    );
+    nodes[1].cli(&["volume", "attach", "pv", "--node", "n2"]);
+    let n2 = uri(2);
+    assert!(
+        wait_until(Duration::from_secs(60), || qemu_io_ok(&qemu_io_in(
+            &network.namespace(2),
+            &n2,
+            &["write -P 0x22 1M 1M", "flush"]
+        ))),
+        "the majority could not write through n2\n{}",
+        nodes[1].log_tail()
+    );
+
+    // Heal: n1 is resynced, and its stranded write is gone everywhere.
+    network.heal(1);
+    assert!(
+        wait_until(Duration::from_secs(120), || in_sync_everywhere(
+            &nodes[1], "pv"
+        )),
+        "n1 was not resynced after healing\n{}",
+        nodes[1].log_tail()
+    );
+    nodes[1].cli(&["volume", "detach", "pv", "--node", "n2"]);
+    // n1 counts as online again once its heartbeats are through.
+    let attached = wait_until(Duration::from_secs(60), || {
+        exec(
+            &mut nodes[1].cli_cmd(&["volume", "attach", "pv", "--node", "n1"]),
+            CLI_TIMEOUT,
+        )
+        .success()
+    });
+    assert!(
+        attached,
+        "pv could not be attached on n1 after healing\n{}",
+        nodes[1].log_tail()
+    );
+    let check = wait_until(Duration::from_secs(60), || {
+        qemu_io_ok(&qemu_io_in(
+            &network.namespace(1),
+            &n1,
+            &["read -P 0x11 0 1M", "read -P 0x22 1M 1M"],
+        ))
+    });
+    assert!(
+        check,
+        "n1's copy after healing is not the majority's\n{}",
+        nodes[0].log_tail()
     );
 }

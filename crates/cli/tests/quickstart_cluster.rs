@@ -73,7 +73,9 @@ fn three_nodes_and_a_three_replica_volume_in_five_commands() {
     let replicas = volume["replicas"].as_array().unwrap();
     assert_eq!(replicas.len(), 3, "{volume:#}");
     assert!(
-        replicas.iter().all(|replica| replica["state"] == "ready"),
+        replicas
+            .iter()
+            .all(|replica| replica["observed"] == "ready"),
         "{volume:#}"
     );
 

@@ -122,6 +122,7 @@ fn run_daemon(arguments: RunArgs) -> Result<()> {
         api_listen: arguments.api_listen,
         nbd_listen: arguments.nbd_listen,
         nbd_socket: arguments.nbd_socket,
+        data_listen: arguments.data_listen,
         demo: arguments.demo,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;

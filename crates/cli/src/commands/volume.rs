@@ -1,14 +1,23 @@
-//! `trireme volume ...`: create, list, show, grow, delete.
+//! `trireme volume ...`: create, list, show (and wait for resyncs), grow,
+//! delete, attach, detach, and add or remove a replica.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
 use trireme_node::api::model::{
-    CreateVolumeRequest, GrowVolumeRequest, NodeEntry, PoolResponse, VolumeResponse,
+    AddReplicaRequest, AttachRequest, CreateVolumeRequest, DetachRequest, GrowVolumeRequest,
+    NodeEntry, PoolResponse, ReplicaResponse, VolumeResponse,
 };
-use trireme_types::format_size;
+use trireme_types::{format_size, VolumeName};
 
-use crate::args::{OutputFormat, VolumeCommand};
-use crate::client::Client;
+use crate::args::{OutputFormat, ReplicaCommand, VolumeCommand};
+use crate::client::{Answer, Client};
 use crate::output;
+
+/// How often `volume show --wait` asks for the volume.
+const WAIT_POLL: Duration = Duration::from_millis(500);
 
 pub fn run(command: VolumeCommand, format: OutputFormat, client: &Client) -> Result<()> {
     let json = format == OutputFormat::Json;
@@ -68,12 +77,126 @@ pub fn run(command: VolumeCommand, format: OutputFormat, client: &Client) -> Res
                 output::volumes_table(&volumes, &pools, &not_online(client));
             }
         }
-        VolumeCommand::Show { name } => {
-            let answer = client.get(&format!("/volumes/{name}"))?;
+        VolumeCommand::Show {
+            name,
+            wait,
+            timeout,
+        } => {
+            let answer = if wait {
+                wait_in_sync(client, &name, timeout.map(Duration::from_secs), json)?
+            } else {
+                client.get(&format!("/volumes/{name}"))?
+            };
             if json {
                 output::print_json(&answer);
             } else {
                 output::volume_detail(&answer.parse()?, &not_online(client));
+            }
+        }
+        VolumeCommand::Attach {
+            name,
+            node,
+            allow_two_primaries,
+        } => {
+            let answer = client.post(
+                &format!("/volumes/{name}/attach"),
+                &AttachRequest {
+                    node: node.to_string(),
+                    allow_two_primaries,
+                },
+            )?;
+            if json {
+                output::print_json(&answer);
+            } else {
+                let volume: VolumeResponse = answer.parse()?;
+                println!(
+                    "volume '{name}' is attached on {} (generation {})",
+                    volume.primaries.join(" and "),
+                    volume.generation
+                );
+                if let Some(url) = &volume.nbd_url {
+                    println!("served at {url}");
+                }
+                if volume.primaries.len() > 1 {
+                    println!(
+                        "two primaries: detach one once the migration is done                          (`trireme volume detach {name} --node NODE`)"
+                    );
+                }
+            }
+        }
+        VolumeCommand::Detach { name, node } => {
+            let answer = client.post(
+                &format!("/volumes/{name}/detach"),
+                &DetachRequest {
+                    node: node.as_ref().map(ToString::to_string),
+                },
+            )?;
+            if json {
+                output::print_json(&answer);
+            } else {
+                let volume: VolumeResponse = answer.parse()?;
+                let from = node.map(|node| format!(" from {node}")).unwrap_or_default();
+                if volume.primaries.is_empty() {
+                    println!("volume '{name}' is detached{from}: no node serves it now");
+                } else {
+                    println!(
+                        "volume '{name}' is detached{from}; still attached on {}",
+                        volume.primaries.join(", ")
+                    );
+                }
+            }
+        }
+        VolumeCommand::Replica(ReplicaCommand::Add { name, node, pool }) => {
+            // Which nodes held one before, to name the new one.
+            let before: Vec<String> = if json {
+                Vec::new()
+            } else {
+                diskful_nodes(&client.get(&format!("/volumes/{name}"))?.parse()?)
+            };
+            let answer = client.post(
+                &format!("/volumes/{name}/replicas"),
+                &AddReplicaRequest {
+                    node: node.map(String::from),
+                    pool: pool.map(String::from),
+                },
+            )?;
+            if json {
+                output::print_json(&answer);
+            } else {
+                let volume: VolumeResponse = answer.parse()?;
+                let added: Vec<String> = diskful_nodes(&volume)
+                    .into_iter()
+                    .filter(|node| !before.contains(node))
+                    .collect();
+                println!(
+                    "volume '{name}': new replica on {}; it is outdated until the data is                      copied to it (`trireme volume show {name} --wait` follows the resync)",
+                    if added.is_empty() {
+                        "another node".to_string()
+                    } else {
+                        added.join(", ")
+                    }
+                );
+            }
+        }
+        VolumeCommand::Replica(ReplicaCommand::Remove { name, node }) => {
+            let answer = client.delete(&format!("/volumes/{name}/replicas/{node}"))?;
+            if json {
+                output::print_json(&answer);
+            } else {
+                let volume: VolumeResponse = answer.parse()?;
+                let still_primary = volume
+                    .primaries
+                    .iter()
+                    .any(|primary| *primary == node.as_str());
+                println!(
+                    "volume '{name}': the replica on {node} is removed; replicas now {}",
+                    output::replicas_column(&volume.replicas, &output::NotOnline::new())
+                );
+                if still_primary {
+                    println!(
+                        "{node} stays attached and serves the volume through the other replicas"
+                    );
+                }
             }
         }
         VolumeCommand::Grow { name, size } => {
@@ -162,4 +285,103 @@ fn pending_note(volume: &VolumeResponse) -> String {
          not reported them yet (offline or slow?); `trireme volume show {}` shows when they are ready",
         volume.name, volume.name
     )
+}
+
+fn diskful_nodes(volume: &VolumeResponse) -> Vec<String> {
+    volume
+        .replicas
+        .iter()
+        .filter(|replica| replica.kind == "diskful")
+        .map(|replica| replica.node.clone())
+        .collect()
+}
+
+/// The diskful replicas of `volume` that are not up to date.
+fn behind(volume: &VolumeResponse) -> Vec<&ReplicaResponse> {
+    volume
+        .replicas
+        .iter()
+        .filter(|replica| replica.kind == "diskful" && !replica.in_sync)
+        .collect()
+}
+
+/// `n3 syncing 42% (12 MiB/s, 3m20s left), n4 outdated`.
+fn behind_text(replicas: &[&ReplicaResponse]) -> String {
+    replicas
+        .iter()
+        .map(|replica| format!("{} {}", replica.node, output::replica_state_text(replica)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `volume show --wait`: polls the volume until every diskful replica is up
+/// to date, with a progress bar per replica that is behind (on a terminal;
+/// elsewhere a line whenever the picture changes). Returns the last answer.
+fn wait_in_sync(
+    client: &Client,
+    name: &VolumeName,
+    timeout: Option<Duration>,
+    json: bool,
+) -> Result<Answer> {
+    let started = Instant::now();
+    let draw = !json && std::io::stderr().is_terminal();
+    let lines = !json && !draw;
+    let bars = MultiProgress::new();
+    let style = ProgressStyle::with_template(
+        "{prefix:>12} [{bar:40.cyan/blue}] {percent:>3}% {binary_bytes}/{binary_total_bytes} {msg}",
+    )
+    .expect("the template is valid")
+    .progress_chars("=> ");
+    let mut shown: BTreeMap<String, ProgressBar> = BTreeMap::new();
+    let mut last_line = String::new();
+    loop {
+        let answer = client.get(&format!("/volumes/{name}"))?;
+        let volume: VolumeResponse = answer.parse()?;
+        let behind = behind(&volume);
+        if draw {
+            for replica in &behind {
+                let bar = shown.entry(replica.node.clone()).or_insert_with(|| {
+                    let bar = bars.add(ProgressBar::new(0).with_style(style.clone()));
+                    bar.set_prefix(replica.node.clone());
+                    bar
+                });
+                match &replica.sync {
+                    Some(sync) => {
+                        bar.set_length(sync.total_bytes);
+                        bar.set_position(sync.done_bytes.min(sync.total_bytes));
+                        bar.set_message(output::sync_rate(sync));
+                    }
+                    None => bar.set_message("outdated: waiting for its resync to start"),
+                }
+            }
+            for (node, bar) in &shown {
+                if !bar.is_finished() && !behind.iter().any(|replica| &replica.node == node) {
+                    bar.set_position(bar.length().unwrap_or(0));
+                    bar.finish_with_message("up to date");
+                }
+            }
+        }
+        if behind.is_empty() {
+            return Ok(answer);
+        }
+        if lines {
+            let line = behind_text(&behind);
+            if line != last_line {
+                eprintln!("volume '{name}': waiting for {line}");
+                last_line = line;
+            }
+        }
+        if let Some(timeout) = timeout {
+            if started.elapsed() >= timeout {
+                bars.clear().ok();
+                bail!(
+                    "volume '{name}' is still not up to date everywhere after {}: {}; \
+                     `trireme volume show {name}` shows where it stands",
+                    output::format_duration(timeout.as_secs()),
+                    behind_text(&behind)
+                );
+            }
+        }
+        std::thread::sleep(WAIT_POLL);
+    }
 }

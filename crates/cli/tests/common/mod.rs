@@ -307,6 +307,55 @@ pub fn sha256(path: &Path) -> String {
     out.split_whitespace().next().unwrap().to_string()
 }
 
+/// Offsets of every copy of `needle` in a (sparse) file, reading only its
+/// data extents (SEEK_DATA/SEEK_HOLE): a default pool is a sparse file of
+/// tens of GiB with a few MiB written.
+pub fn find_in_sparse_file(path: &Path, needle: &[u8]) -> Vec<u64> {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+    const WINDOW: u64 = 16 << 20;
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let size = file.metadata().unwrap().len();
+    let fd = file.as_raw_fd();
+    let mut hits = Vec::new();
+    let mut position: u64 = 0;
+    let mut buffer = vec![0u8; (WINDOW as usize) + needle.len()];
+    while position < size {
+        // SAFETY: lseek on an open descriptor has no memory effects.
+        let data = unsafe { libc::lseek(fd, position as libc::off_t, libc::SEEK_DATA) };
+        if data < 0 {
+            break; // no more data
+        }
+        let data = data as u64;
+        let hole = unsafe { libc::lseek(fd, data as libc::off_t, libc::SEEK_HOLE) };
+        let end = if hole < 0 { size } else { hole as u64 };
+        let mut at = data;
+        while at < end {
+            // Overlap windows by the needle's length so a copy across a
+            // window boundary is still found.
+            let want = (end - at).min(WINDOW) as usize + needle.len();
+            let want = want.min((size - at) as usize);
+            let got = file.read_at(&mut buffer[..want], at).unwrap();
+            let window = &buffer[..got];
+            if got >= needle.len() {
+                for (index, candidate) in window.windows(needle.len()).enumerate() {
+                    if index as u64 >= WINDOW {
+                        break;
+                    }
+                    if candidate[0] == needle[0] && candidate == needle {
+                        hits.push(at + index as u64);
+                    }
+                }
+            }
+            at += WINDOW;
+        }
+        position = end;
+    }
+    hits.sort_unstable();
+    hits.dedup();
+    hits
+}
+
 /// Poll `f` until it returns true or `timeout` passes.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
