@@ -1,0 +1,242 @@
+//! The engine's private state: members and their sync state, backlogs,
+//! pending requests and the phase of the engine.
+
+use super::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Diskful,
+    Tiebreaker,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Link {
+    Down,
+    /// `link_up` came, hello sent at this time.
+    Hello(u64),
+    Up {
+        previous: Generation,
+    },
+}
+
+/// Regions a member may lack, to copy: a set plus, for a full sync, every
+/// region from `sweep` on.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Backlog {
+    pub(super) set: RegionSet,
+    pub(super) sweep: Option<u64>,
+}
+
+impl Backlog {
+    pub(super) fn full() -> Self {
+        Backlog {
+            set: RegionSet::new(),
+            sweep: Some(0),
+        }
+    }
+
+    pub(super) fn add(&mut self, region: u64) {
+        if self.sweep.is_none_or(|sweep| region < sweep) {
+            self.set.insert(region);
+        }
+    }
+
+    pub(super) fn add_set(&mut self, regions: &RegionSet) {
+        for region in regions.iter() {
+            self.add(region);
+        }
+    }
+
+    pub(super) fn is_empty(&self, region_count: u64) -> bool {
+        self.set.is_empty() && self.sweep.is_none_or(|sweep| sweep >= region_count)
+    }
+
+    pub(super) fn len(&self, region_count: u64) -> u64 {
+        let swept = self
+            .sweep
+            .map_or(0, |sweep| region_count.saturating_sub(sweep));
+        let below = match self.sweep {
+            Some(sweep) => self.set.iter().filter(|&r| r < sweep).count() as u64,
+            None => self.set.len(),
+        };
+        swept + below
+    }
+
+    pub(super) fn pop(&mut self, region_count: u64, skip: impl Fn(u64) -> bool) -> Option<u64> {
+        let found = self.set.iter().find(|&r| !skip(r));
+        if let Some(region) = found {
+            self.set.remove(region);
+            return Some(region);
+        }
+        let sweep = self.sweep?;
+        if sweep >= region_count || skip(sweep) {
+            return None;
+        }
+        self.sweep = Some(sweep + 1);
+        Some(sweep)
+    }
+
+    pub(super) fn to_map(&self, since: Generation) -> DirtyMap {
+        DirtyMap {
+            since,
+            full: self.sweep.is_some(),
+            regions: self.set.clone(),
+        }
+    }
+}
+
+#[derive(Debug)]
+#[allow(clippy::enum_variant_names)]
+pub(super) enum Sync {
+    InSync,
+    Outdated {
+        backlog: Backlog,
+    },
+    Resyncing {
+        backlog: Backlog,
+        total: u64,
+        done: u64,
+        /// Resync writes on the link: seq → region.
+        writes: BTreeMap<u64, u64>,
+        /// Source reads: read id → (region, source).
+        reads: BTreeMap<u64, (u64, NodeId)>,
+    },
+    /// Copied; its acknowledgements now count. `flush`: the flush that makes
+    /// the copy durable; then MarkInSync is proposed.
+    Joining {
+        flush: Option<u64>,
+    },
+}
+
+#[derive(Debug)]
+pub(super) struct Member {
+    pub(super) kind: Kind,
+    pub(super) link: Link,
+    pub(super) sync: Sync,
+    /// Sent, not acknowledged: seq → (offset, length, sent at, bytes).
+    pub(super) unacked: BTreeMap<u64, (u64, u64, u64, u64)>,
+    pub(super) unacked_bytes: u64,
+    /// Regions written since the last flush was sent to it.
+    pub(super) unflushed: RegionSet,
+    /// Flushes sent, with the regions they make durable.
+    pub(super) flushing: Vec<(u64, RegionSet)>,
+    /// Regions it may have lost while it is in the set but being outdated.
+    pub(super) lost: RegionSet,
+    /// `unflushed` and `flushing` name everything it may hold unflushed: a
+    /// flush this engine sent after its welcome succeeded. Until then it
+    /// may also hold unflushed writes of former primaries.
+    pub(super) tracked: bool,
+    /// The sequence counter at its last welcome.
+    pub(super) welcomed_at: u64,
+    /// It restarted and may have lost unflushed writes nobody can name:
+    /// when it is outdated, it copies every region.
+    pub(super) full_resync: bool,
+    /// In the set, but back from a restart: it must be outdated before it
+    /// gets writes or serves reads.
+    pub(super) damaged: bool,
+    /// What its last welcome said.
+    pub(super) intact: bool,
+    pub(super) outdating: Option<u64>,
+    /// The control plane refused `outdating`: it is the last up-to-date
+    /// member.
+    pub(super) outdate_refused: bool,
+    pub(super) joining_proposal: Option<u64>,
+    /// Persisted map's generation, when one exists for it.
+    pub(super) map_since: Option<Generation>,
+    /// Regions written while it resyncs, kept in its persisted map.
+    pub(super) written_during_sync: RegionSet,
+    pub(super) progress_mark: (u64, u64),
+}
+
+impl Member {
+    pub(super) fn new(kind: Kind, sync: Sync) -> Self {
+        Member {
+            kind,
+            link: Link::Down,
+            sync,
+            unacked: BTreeMap::new(),
+            unacked_bytes: 0,
+            unflushed: RegionSet::new(),
+            flushing: Vec::new(),
+            lost: RegionSet::new(),
+            tracked: false,
+            welcomed_at: 0,
+            full_resync: false,
+            damaged: false,
+            intact: false,
+            outdating: None,
+            outdate_refused: false,
+            joining_proposal: None,
+            map_since: None,
+            written_during_sync: RegionSet::new(),
+            progress_mark: (0, 0),
+        }
+    }
+
+    pub(super) fn is_up(&self) -> bool {
+        matches!(self.link, Link::Up { .. })
+    }
+
+    /// Its acknowledgement is required for a write to complete.
+    pub(super) fn is_needed(&self) -> bool {
+        match self.sync {
+            Sync::InSync => true,
+            Sync::Joining { .. } => true,
+            _ => self.joining_proposal.is_some(),
+        }
+    }
+
+    /// Receives writes.
+    pub(super) fn takes_writes(&self) -> bool {
+        self.is_up() && !self.damaged && !matches!(self.sync, Sync::Outdated { .. })
+    }
+}
+
+#[derive(Debug)]
+pub(super) enum Purpose {
+    Client(OpId),
+    Repair,
+    Internal,
+}
+
+#[derive(Debug)]
+pub(super) struct PendingWrite {
+    pub(super) purpose: Purpose,
+    pub(super) range: (u64, u64),
+    pub(super) flush: bool,
+    /// What a write carries (and whether it is FUA), to send it again to a
+    /// member that reconnects before acknowledging it.
+    pub(super) payload: Option<(Payload, bool)>,
+    pub(super) needed: BTreeSet<NodeId>,
+    pub(super) acked: BTreeSet<NodeId>,
+    pub(super) errors: Vec<(NodeId, ReplicaError)>,
+    pub(super) persist_token: u64,
+    pub(super) started_ms: u64,
+}
+
+#[derive(Debug)]
+pub(super) struct PendingRead {
+    pub(super) op: Option<OpId>,
+    pub(super) offset: u64,
+    pub(super) length: u64,
+    pub(super) source: NodeId,
+    pub(super) bad: Vec<NodeId>,
+}
+
+#[derive(Debug)]
+pub(super) enum Phase {
+    /// Waiting for the up-to-date members' welcomes.
+    Reconciling {
+        since_ms: u64,
+        welcomes: BTreeMap<NodeId, (bool, RegionSet)>,
+        /// Regions of former primaries' unsettled writes, as reported.
+        /// Kept when a member's link drops: it cannot report them again.
+        unsettled: RegionSet,
+    },
+    /// Copying the regions some members may hold differently.
+    Copying {
+        remaining: usize,
+    },
+    Serving,
+    Stopped,
+}

@@ -1,0 +1,158 @@
+//! The engine's public vocabulary: the control plane's view, its
+//! configuration, client requests and their outcomes, proposals and the
+//! actions the driver carries out.
+
+use super::*;
+
+/// The driver's handle on a client request.
+pub type OpId = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoQuorumPolicy {
+    IoError,
+    Suspend,
+}
+
+/// What the control plane says about the volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View {
+    pub generation: Generation,
+    pub primaries: BTreeSet<NodeId>,
+    pub diskful: BTreeSet<NodeId>,
+    pub tiebreakers: BTreeSet<NodeId>,
+    pub in_sync: BTreeSet<NodeId>,
+}
+
+impl View {
+    pub fn quorum_size(&self) -> usize {
+        (self.diskful.len() + self.tiebreakers.len()) / 2 + 1
+    }
+}
+
+/// A persisted dirty map: the regions `peer` may lack, tracked since it
+/// last accepted `since`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirtyMap {
+    pub since: Generation,
+    pub full: bool,
+    pub regions: RegionSet,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub me: NodeId,
+    pub size_bytes: u64,
+    pub view: View,
+    pub policy: NoQuorumPolicy,
+    /// Bytes per second a resync may copy; 0 for no limit.
+    pub resync_rate: u64,
+    /// Dirty maps this node persisted, by peer.
+    pub dirty_maps: BTreeMap<NodeId, DirtyMap>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientRequest {
+    Read {
+        offset: u64,
+        length: u64,
+    },
+    Write {
+        offset: u64,
+        payload: Payload,
+        fua: bool,
+    },
+    Flush,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Completion {
+    Done,
+    Read(ReadData),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientError {
+    Io(String),
+    NoSpace(String),
+    ShuttingDown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Proposal {
+    MarkOutdated {
+        node: NodeId,
+    },
+    MarkInSync {
+        node: NodeId,
+    },
+    Progress {
+        node: NodeId,
+        progress: Option<SyncProgress>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncProgress {
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    pub rate_bytes_per_sec: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProposalResult {
+    Committed,
+    /// Refused because our generation is stale: we are fenced.
+    Stale,
+    /// Refused for another reason (the message says which).
+    Refused(String),
+    /// No answer (no leader, timeout): retried.
+    Unavailable,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Connect to the peer (or the local replica) and call `link_up`.
+    Connect {
+        to: NodeId,
+    },
+    Send {
+        to: NodeId,
+        message: ToReplica,
+    },
+    /// Close the link; `link_down` follows.
+    Reset {
+        to: NodeId,
+    },
+    Complete {
+        op: OpId,
+        result: Result<Completion, ClientError>,
+    },
+    Propose {
+        id: u64,
+        proposal: Proposal,
+    },
+    /// Persist `map` for `peer` (replacing the stored one); `persisted`
+    /// with `token` follows.
+    PersistDirty {
+        token: u64,
+        peer: NodeId,
+        map: DirtyMap,
+    },
+    ForgetDirty {
+        peer: NodeId,
+    },
+    /// Local reads may (or may no longer) bypass the engine.
+    LocalReadable(bool),
+    /// The engine stopped: fenced by a newer generation, or detached.
+    Stopped {
+        reason: String,
+    },
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    pub repaired_blocks: u64,
+    pub read_failovers: u64,
+    pub resynced_bytes: u64,
+    pub writes_completed: u64,
+}
