@@ -18,10 +18,10 @@ pub mod primary;
 pub mod regions;
 pub mod replica;
 
-pub use message::{FromReplica, Payload, ReadData, ReplicaError, ToReplica};
+pub use message::{BlockHash, FromReplica, Payload, ReadData, ReplicaError, ToReplica};
 pub use primary::{
     Action, ClientError, ClientRequest, Completion, Config, DirtyMap, NoQuorumPolicy, OpId,
-    Primary, Proposal, ProposalResult, SyncProgress, View,
+    Primary, Proposal, ProposalResult, SyncProgress, VerifyReport, VerifyState, View,
 };
 pub use regions::{RegionSet, REGION_BYTES};
 pub use replica::{HelloOutcome, LinkId, ReplicaSide};

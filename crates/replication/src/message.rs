@@ -60,10 +60,30 @@ pub enum ToReplica {
         offset: u64,
         length: u64,
     },
+    /// The fingerprint of every 4 KiB block of the range (`verify`).
+    Hash {
+        id: u64,
+        offset: u64,
+        length: u64,
+    },
     /// The primary detaches: every write it sent is settled and flushed,
     /// so the replica's copy is clean and needs no reconciliation later.
     Goodbye,
 }
+
+/// A block's fingerprint for `verify`: replicas compare these instead of
+/// the data. 128 bits of a cryptographic hash of the 4 KiB (holes hash as
+/// zeros), so two different blocks never compare equal in practice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BlockHash {
+    Hash(u128),
+    /// The block failed its checksum on this replica: any readable copy is
+    /// better.
+    Unreadable,
+}
+
+/// The most blocks one `Hash` request may cover (one region).
+pub const MAX_HASH_BLOCKS: u64 = crate::regions::REGION_BYTES / 4096;
 
 /// Why a replica could not do what was asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +142,11 @@ pub enum FromReplica {
         id: u64,
         result: Result<ReadData, ReplicaError>,
     },
+    /// One fingerprint per block of the range asked for.
+    HashReply {
+        id: u64,
+        result: Result<Vec<BlockHash>, ReplicaError>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -151,6 +176,18 @@ impl Writer<'_> {
         self.u64(value.len());
         for region in value.iter() {
             self.u64(region);
+        }
+    }
+    fn hashes(&mut self, value: &[BlockHash]) {
+        self.u64(value.len() as u64);
+        for hash in value {
+            match hash {
+                BlockHash::Hash(hash) => {
+                    self.u8(0);
+                    self.0.extend_from_slice(&hash.to_le_bytes());
+                }
+                BlockHash::Unreadable => self.u8(1),
+            }
         }
     }
     fn error(&mut self, error: &ReplicaError) {
@@ -207,6 +244,21 @@ impl<'a> Reader<'a> {
             return Err(DecodeError::Short);
         }
         (0..count).map(|_| self.u64()).collect()
+    }
+    fn hashes(&mut self) -> Result<Vec<BlockHash>, DecodeError> {
+        let count = self.u64()?;
+        if count > MAX_HASH_BLOCKS || count > self.0.len() as u64 {
+            return Err(DecodeError::Bad("hash count"));
+        }
+        (0..count)
+            .map(|_| match self.u8()? {
+                0 => Ok(BlockHash::Hash(u128::from_le_bytes(
+                    self.take(16)?.try_into().expect("16 bytes"),
+                ))),
+                1 => Ok(BlockHash::Unreadable),
+                _ => Err(DecodeError::Bad("hash kind")),
+            })
+            .collect()
     }
     fn error(&mut self) -> Result<ReplicaError, DecodeError> {
         let tag = self.u8()?;
@@ -275,6 +327,12 @@ impl ToReplica {
                 w.u64(*length);
             }
             ToReplica::Goodbye => w.u8(5),
+            ToReplica::Hash { id, offset, length } => {
+                w.u8(6);
+                w.u64(*id);
+                w.u64(*offset);
+                w.u64(*length);
+            }
         }
     }
 
@@ -313,6 +371,11 @@ impl ToReplica {
                 length: r.u64()?,
             },
             5 => ToReplica::Goodbye,
+            6 => ToReplica::Hash {
+                id: r.u64()?,
+                offset: r.u64()?,
+                length: r.u64()?,
+            },
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         r.finish()?;
@@ -366,6 +429,20 @@ impl FromReplica {
                     }
                 }
             }
+            FromReplica::HashReply { id, result } => {
+                w.u8(5);
+                w.u64(*id);
+                match result {
+                    Ok(hashes) => {
+                        w.u8(0);
+                        w.hashes(hashes);
+                    }
+                    Err(error) => {
+                        w.u8(1);
+                        w.error(error);
+                    }
+                }
+            }
         }
     }
 
@@ -395,6 +472,14 @@ impl FromReplica {
                     0 => Ok(ReadData::Data(r.bytes()?.to_vec())),
                     1 => Ok(ReadData::Zeroes),
                     2 => Err(r.error()?),
+                    _ => return Err(DecodeError::Bad("result")),
+                },
+            },
+            5 => FromReplica::HashReply {
+                id: r.u64()?,
+                result: match r.u8()? {
+                    0 => Ok(r.hashes()?),
+                    1 => Err(r.error()?),
                     _ => return Err(DecodeError::Bad("result")),
                 },
             },
@@ -472,6 +557,19 @@ mod tests {
         round_trip_from(FromReplica::ReadReply {
             id: 5,
             result: Err(ReplicaError::Checksum("block 3".into())),
+        });
+        round_trip_to(ToReplica::Hash {
+            id: 6,
+            offset: 1 << 20,
+            length: 1 << 20,
+        });
+        round_trip_from(FromReplica::HashReply {
+            id: 6,
+            result: Ok(vec![BlockHash::Hash(u128::MAX - 7), BlockHash::Unreadable]),
+        });
+        round_trip_from(FromReplica::HashReply {
+            id: 7,
+            result: Err(ReplicaError::Io("disk".into())),
         });
     }
 

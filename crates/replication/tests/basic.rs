@@ -12,6 +12,18 @@ struct Replica {
     side: ReplicaSide,
     data: Vec<u8>,
     up: bool,
+    /// Blocks that fail their checksum on this replica until rewritten.
+    bad_blocks: BTreeSet<u64>,
+}
+
+/// A block's fingerprint as a store would give it (any hash of the bytes
+/// does: equal bytes, equal fingerprints).
+fn fingerprint(bytes: &[u8]) -> u128 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    let low = hasher.finish();
+    (low as u128) << 64 | bytes.len() as u128
 }
 
 struct World {
@@ -52,6 +64,7 @@ impl World {
                             side: ReplicaSide::new(Generation(1), None, true),
                             data: vec![0; SIZE as usize],
                             up: true,
+                            bad_blocks: BTreeSet::new(),
                         },
                     )
                 })
@@ -109,6 +122,9 @@ impl World {
                     } => {
                         replica.side.admit(to.0, &message).unwrap();
                         let range = *offset as usize..(*offset + payload.length()) as usize;
+                        for block in range.start / 4096..range.end / 4096 {
+                            replica.bad_blocks.remove(&(block as u64));
+                        }
                         match payload {
                             Payload::Data(data) => replica.data[range].copy_from_slice(data),
                             Payload::Zeroes { .. } => replica.data[range].fill(0),
@@ -126,12 +142,37 @@ impl World {
                         seq: *seq,
                         result: Ok(()),
                     },
-                    ToReplica::Read { id, offset, length } => FromReplica::ReadReply {
-                        id: *id,
-                        result: Ok(ReadData::Data(
-                            replica.data[*offset as usize..(*offset + *length) as usize].to_vec(),
-                        )),
-                    },
+                    ToReplica::Read { id, offset, length } => {
+                        let blocks = offset / 4096..(offset + length) / 4096;
+                        let result = if blocks.clone().any(|b| replica.bad_blocks.contains(&b)) {
+                            Err(ReplicaError::Checksum(format!(
+                                "a block of {offset}+{length}"
+                            )))
+                        } else {
+                            Ok(ReadData::Data(
+                                replica.data[*offset as usize..(*offset + *length) as usize]
+                                    .to_vec(),
+                            ))
+                        };
+                        FromReplica::ReadReply { id: *id, result }
+                    }
+                    ToReplica::Hash { id, offset, length } => {
+                        replica.side.admit(to.0, &message).unwrap();
+                        let hashes = (offset / 4096..(offset + length) / 4096)
+                            .map(|block| {
+                                if replica.bad_blocks.contains(&block) {
+                                    BlockHash::Unreadable
+                                } else {
+                                    let at = (block * 4096) as usize;
+                                    BlockHash::Hash(fingerprint(&replica.data[at..at + 4096]))
+                                }
+                            })
+                            .collect();
+                        FromReplica::HashReply {
+                            id: *id,
+                            result: Ok(hashes),
+                        }
+                    }
                 };
                 self.outbox.push_back((to, reply));
             }
@@ -225,4 +266,78 @@ fn a_new_replica_gets_a_full_sync() {
     }
     assert_eq!(world.replicas[&NodeId(3)].data[0], 5);
     assert_eq!(world.primary.counters.resynced_bytes, SIZE);
+}
+
+#[test]
+fn verify_repairs_the_minority_and_reports_what_it_changed() {
+    let mut world = World::new(&[1, 2, 3]);
+    world.write(1, 0, 0x11);
+    world.write(2, 5 << 20, 0x22);
+    // Silent divergence on n3 (the bytes differ, its checksums are fine),
+    // an unreadable block on n2, and a block on which n1 (the primary)
+    // alone differs.
+    world.replicas.get_mut(&NodeId(3)).unwrap().data[100] = 0x99;
+    world
+        .replicas
+        .get_mut(&NodeId(2))
+        .unwrap()
+        .bad_blocks
+        .insert((5 << 20) / 4096);
+    world.replicas.get_mut(&NodeId(1)).unwrap().data[(7 << 20) + 1] = 0x77;
+    world.primary.start_verify(world.now).unwrap();
+    world.run();
+    for _ in 0..200 {
+        if world.primary.verify_report().unwrap().state != VerifyState::Running {
+            break;
+        }
+        world.now += 100;
+        world.primary.tick(world.now);
+        world.run();
+    }
+    let report = world.primary.verify_report().unwrap().clone();
+    assert_eq!(report.state, VerifyState::Done, "{report:?}");
+    assert_eq!(report.checked_bytes, SIZE);
+    assert_eq!(report.differing_blocks, 3, "{report:?}");
+    assert_eq!(report.no_majority_blocks, 0);
+    assert_eq!(report.unrecoverable_blocks, 0);
+    let repaired: Vec<(u64, u64)> = report.repaired.iter().map(|(n, c)| (n.0, *c)).collect();
+    assert_eq!(repaired, vec![(1, 1), (2, 1), (3, 1)]);
+    let first = world.replicas[&NodeId(1)].data.clone();
+    assert_eq!(first[100], 0x11);
+    assert_eq!(first[(7 << 20) + 1], 0);
+    for replica in world.replicas.values() {
+        assert!(replica.data == first, "replicas differ after verify");
+        assert!(replica.bad_blocks.is_empty());
+    }
+}
+
+#[test]
+fn verify_without_a_majority_keeps_the_primary_copy_and_says_so() {
+    let mut world = World::new(&[1, 2]);
+    // n3 is not in sync (it resyncs): only n1 and n2 are compared.
+    world.replicas.get_mut(&NodeId(3)).unwrap().up = false;
+    world.primary.link_down(NodeId(3), 0);
+    world.run();
+    world.write(1, 0, 0x11);
+    world.replicas.get_mut(&NodeId(2)).unwrap().data[10] = 0x55;
+    world.primary.start_verify(world.now).unwrap();
+    world.run();
+    for _ in 0..200 {
+        if world.primary.verify_report().unwrap().state != VerifyState::Running {
+            break;
+        }
+        world.now += 100;
+        world.primary.tick(world.now);
+        world.run();
+    }
+    let report = world.primary.verify_report().unwrap().clone();
+    assert_eq!(report.state, VerifyState::Done, "{report:?}");
+    assert_eq!((report.differing_blocks, report.no_majority_blocks), (1, 1));
+    assert_eq!(world.replicas[&NodeId(2)].data[10], 0x11);
+    // Starting needs two up-to-date replicas to compare.
+    world.replicas.get_mut(&NodeId(2)).unwrap().up = false;
+    world.primary.link_down(NodeId(2), world.now);
+    world.run();
+    let refused = world.primary.start_verify(world.now).unwrap_err();
+    assert!(refused.contains("1 of them is reachable"), "{refused}");
 }

@@ -112,6 +112,9 @@ impl Primary {
         if let Some((_, _, _, bytes)) = member.unacked.remove(&id) {
             member.unacked_bytes -= bytes;
         }
+        if self.on_verify_read(id, &result) {
+            return;
+        }
         // A resync source read?
         let mut target = None;
         for (&node, m) in &self.members {

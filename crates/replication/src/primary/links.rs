@@ -577,6 +577,7 @@ impl Primary {
         if let Phase::Reconciling { welcomes, .. } = &mut self.phase {
             welcomes.remove(&node);
         }
+        self.verify_member_lost(node);
         self.set_local_readable_from_state();
     }
 

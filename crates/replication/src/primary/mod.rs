@@ -82,9 +82,12 @@ mod reconcile;
 mod resync;
 mod state;
 pub mod types;
+mod verify;
 
 use state::*;
 pub use types::*;
+use verify::VerifyJob;
+pub use verify::VERIFY_WINDOW;
 
 /// The engine: see the module documentation.
 pub struct Primary {
@@ -135,6 +138,9 @@ pub struct Primary {
     detaching: Option<Option<u64>>,
     actions: Vec<Action>,
     pub counters: Counters,
+    /// A running `verify`, and the report of the running or last one.
+    verify: Option<VerifyJob>,
+    verify_report: Option<VerifyReport>,
 }
 
 impl Primary {
@@ -203,6 +209,8 @@ impl Primary {
             detaching: None,
             actions: Vec::new(),
             counters: Counters::default(),
+            verify: None,
+            verify_report: None,
         };
         let nodes: Vec<NodeId> = primary.members.keys().copied().collect();
         for node in nodes {
@@ -337,6 +345,7 @@ impl Primary {
             }
             FromReplica::Ack { seq, result } => self.on_ack(from, seq, result),
             FromReplica::ReadReply { id, result } => self.on_read_reply(from, id, result),
+            FromReplica::HashReply { id, result } => self.on_hash_reply(from, id, result),
         }
         self.progress();
     }
@@ -588,6 +597,7 @@ impl Primary {
     /// the next primary needs no reconciliation. `Stopped` follows.
     pub fn detach(&mut self, now_ms: u64) {
         self.now_ms = now_ms;
+        self.abort_verify("the volume was detached");
         if self.detaching.is_none() {
             self.detaching = Some(None);
         }
@@ -633,6 +643,7 @@ impl Primary {
         if self.is_stopped() {
             return;
         }
+        self.abort_verify(&reason);
         self.phase = Phase::Stopped;
         for (_, write) in std::mem::take(&mut self.writes) {
             if let Purpose::Client(op) = write.purpose {
@@ -717,6 +728,7 @@ impl Primary {
             }
             self.complete_writes();
             self.pump_resyncs();
+            self.pump_verify();
             self.continue_detach();
         }
         self.check();
@@ -724,6 +736,7 @@ impl Primary {
 
     /// Invariants that hold after every event.
     fn check(&self) {
+        self.check_verify();
         for (seq, write) in &self.writes {
             assert!(
                 *seq < self.next_seq,

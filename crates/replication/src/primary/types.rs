@@ -156,3 +156,38 @@ pub struct Counters {
     pub resynced_bytes: u64,
     pub writes_completed: u64,
 }
+
+/// Where a `verify` stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum VerifyState {
+    #[default]
+    Running,
+    Done,
+    /// Stopped before the end (the engine stopped or detached).
+    Aborted(String),
+}
+
+/// What a `verify` found and did, so far or in the end.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub state: VerifyState,
+    pub total_bytes: u64,
+    /// Bytes compared on every up-to-date replica.
+    pub checked_bytes: u64,
+    /// Bytes not compared: fewer than two up-to-date replicas answered.
+    pub skipped_bytes: u64,
+    /// The up-to-date replicas when it started.
+    pub members: Vec<NodeId>,
+    /// Blocks whose copies did not all agree.
+    pub differing_blocks: u64,
+    /// Of those, blocks decided without a majority (two copies that
+    /// disagree): the primary's copy won.
+    pub no_majority_blocks: u64,
+    /// Blocks unreadable (failed checksum) on every copy: nothing to
+    /// repair them from.
+    pub unrecoverable_blocks: u64,
+    /// Blocks rewritten, per replica.
+    pub repaired: BTreeMap<NodeId, u64>,
+    pub started_ms: u64,
+    pub finished_ms: u64,
+}
