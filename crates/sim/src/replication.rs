@@ -121,9 +121,9 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use trireme_replication::{
-    Action, ClientError, ClientRequest, Completion, Config as EngineConfig, DirtyMap, FromReplica,
-    HelloOutcome, LinkId, NoQuorumPolicy, Payload, Primary, Proposal, ProposalResult, ReadData,
-    ReplicaError, ReplicaSide, ToReplica, View, REGION_BYTES,
+    Action, BlockHash, ClientError, ClientRequest, Completion, Config as EngineConfig, DirtyMap,
+    FromReplica, HelloOutcome, LinkId, NoQuorumPolicy, Payload, Primary, Proposal, ProposalResult,
+    ReadData, ReplicaError, ReplicaSide, ToReplica, VerifyState, View, REGION_BYTES,
 };
 use trireme_types::{Generation, NodeId};
 
@@ -184,6 +184,8 @@ pub struct ReplicationSimConfig {
     pub failover: f64,
     /// A clean detach, then an attach elsewhere.
     pub detach: f64,
+    /// Per step: the current engine starts a `verify` of the replicas.
+    pub verify: f64,
     /// Per proposal: the control plane has no leader.
     pub unavailable: f64,
     /// Per proposal: committed, but the answer is lost.
@@ -229,6 +231,7 @@ impl Default for ReplicationSimConfig {
             bit_flip: 0.003,
             failover: 0.0008,
             detach: 0.0006,
+            verify: 0.0008,
             unavailable: 0.1,
             answer_lost: 0.05,
             refuse_in_sync: 0.05,
@@ -292,6 +295,7 @@ impl ReplicationSimConfig {
             bit_flip: base.bit_flip * intensity,
             failover: base.failover * intensity,
             detach: base.detach * intensity,
+            verify: base.verify * intensity,
             max_outstanding: rng.gen_range(2..=8),
             op_rate: rng.gen_range(0.3..0.9),
             final_crash: rng.gen_bool(0.7),
@@ -323,6 +327,7 @@ impl ReplicationSimConfig {
             self.bit_flip,
             self.failover,
             self.detach,
+            self.verify,
             self.unavailable,
             self.answer_lost,
             self.refuse_in_sync,
@@ -366,6 +371,11 @@ pub struct ReplicationSimReport {
     pub partitions: u64,
     pub link_drops: u64,
     pub bit_flips: u64,
+    /// Verifies started, and finished to the end.
+    pub verifies: u64,
+    pub verifies_done: u64,
+    /// Blocks verifies rewrote.
+    pub verify_repairs: u64,
     pub io_faults: u64,
     pub stalls: u64,
     pub fenced_engines: u64,
@@ -486,6 +496,9 @@ fn summary_to(message: &ToReplica) -> String {
             format!("read r{id} b{}+{}", offset / BLOCK, length / BLOCK)
         }
         ToReplica::Goodbye => "goodbye".into(),
+        ToReplica::Hash { id, offset, length } => {
+            format!("hash h{id} b{}+{}", offset / BLOCK, length / BLOCK)
+        }
     }
 }
 
@@ -509,6 +522,10 @@ fn summary_from(message: &FromReplica) -> String {
             Ok(ReadData::Data(data)) => format!("read reply r{id} {} bytes", data.len()),
             Ok(ReadData::Zeroes) => format!("read reply r{id} zeroes"),
             Err(error) => format!("read reply r{id} error {error}"),
+        },
+        FromReplica::HashReply { id, result } => match result {
+            Ok(hashes) => format!("hash reply h{id} {} blocks", hashes.len()),
+            Err(error) => format!("hash reply h{id} error {error}"),
         },
     }
 }
@@ -542,6 +559,12 @@ enum DiskKind {
         first: u64,
         count: u64,
     },
+    /// Block fingerprints for `verify`.
+    Hash {
+        id: u64,
+        first: u64,
+        count: u64,
+    },
     /// A client's read straight from the primary's own disk.
     LocalRead {
         op: u64,
@@ -555,9 +578,9 @@ impl DiskKind {
         match self {
             DiskKind::Write { first, tags, .. } => Some((*first, tags.len() as u64)),
             DiskKind::Flush { .. } => None,
-            DiskKind::Read { first, count, .. } | DiskKind::LocalRead { first, count, .. } => {
-                Some((*first, *count))
-            }
+            DiskKind::Read { first, count, .. }
+            | DiskKind::Hash { first, count, .. }
+            | DiskKind::LocalRead { first, count, .. } => Some((*first, *count)),
         }
     }
 }
@@ -621,6 +644,23 @@ impl Disk {
         } else {
             Ok(ReadData::Data(data_of(&tags)))
         }
+    }
+
+    /// Fingerprints of blocks: what a read of each would see, or
+    /// unreadable where a read would fail its checksum.
+    fn hashes(&self, first: u64, count: u64, now: Time) -> Result<Vec<BlockHash>, ReplicaError> {
+        if now < self.io_until {
+            return Err(ReplicaError::Io("simulated device error".into()));
+        }
+        Ok((first..first + count)
+            .map(|b| {
+                if self.volatile[b as usize] == NONE && self.corrupt[b as usize] {
+                    BlockHash::Unreadable
+                } else {
+                    BlockHash::Hash(u128::from(self.top(b)))
+                }
+            })
+            .collect())
     }
 
     /// Whether the pending operation `key` must wait for an earlier one.
@@ -693,6 +733,8 @@ struct Engine {
     /// Blocks per sweep read: 1 for a scrub (a read fails as a whole when
     /// every copy has a bad block in its range, even different ones).
     sweep_blocks: u64,
+    /// When the last verify this engine finished did (counted once).
+    verify_counted_ms: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -1251,6 +1293,7 @@ impl Sim {
         match self.phase {
             Phase::Run => {
                 self.steps_done += 1;
+                self.count_verifies();
                 self.faults();
                 self.failover();
                 self.workload();
@@ -1265,6 +1308,22 @@ impl Sim {
                 self.settle();
             }
             Phase::Done => {}
+        }
+    }
+
+    /// Counts the verifies that ran to the end, once each.
+    fn count_verifies(&mut self) {
+        for engine in self.engines.values_mut() {
+            let Some(report) = engine.primary.verify_report() else {
+                continue;
+            };
+            if report.state == VerifyState::Done
+                && engine.verify_counted_ms != Some(report.finished_ms)
+            {
+                engine.verify_counted_ms = Some(report.finished_ms);
+                self.report.verifies_done += 1;
+                self.report.verify_repairs += report.repaired.values().sum::<u64>();
+            }
         }
     }
 
@@ -1421,6 +1480,16 @@ impl Sim {
                 }
             }
         }
+        if self.chance(self.cfg.verify) {
+            if let Some(id) = self.arbiter.current {
+                let now = self.now;
+                let engine = self.engines.get_mut(&id).expect("current");
+                if engine.primary.start_verify(now).is_ok() {
+                    self.report.verifies += 1;
+                    self.log(format!("operator: verify on engine {id}"));
+                }
+            }
+        }
         if self.chance(self.cfg.detach) {
             if let Some(id) = self.arbiter.current {
                 let now = self.now;
@@ -1556,6 +1625,7 @@ impl Sim {
                 detach_started: None,
                 sweep: None,
                 sweep_blocks: SWEEP_BLOCKS,
+                verify_counted_ms: None,
             },
         );
         self.arbiter.current = Some(id);
@@ -2386,6 +2456,23 @@ impl Sim {
                             count: length / BLOCK,
                         }
                     }
+                    ToReplica::Hash { id, offset, length } => {
+                        if !offset.is_multiple_of(BLOCK)
+                            || !length.is_multiple_of(BLOCK)
+                            || offset + length > self.cfg.size_bytes
+                            || length == 0
+                        {
+                            self.violate(format!(
+                                "bad hash request from engine {engine}: {summary}"
+                            ));
+                            return;
+                        }
+                        DiskKind::Hash {
+                            id,
+                            first: offset / BLOCK,
+                            count: length / BLOCK,
+                        }
+                    }
                     ToReplica::Hello { .. } | ToReplica::Goodbye => unreachable!("handled"),
                 };
                 self.disk_submit(member, link, kind);
@@ -2583,6 +2670,10 @@ impl Sim {
                 DiskKind::Read { id, first, count } => {
                     let result = disk.read(first, count, now);
                     self.replica_send(op.link, FromReplica::ReadReply { id, result });
+                }
+                DiskKind::Hash { id, first, count } => {
+                    let result = disk.hashes(first, count, now);
+                    self.replica_send(op.link, FromReplica::HashReply { id, result });
                 }
                 DiskKind::LocalRead { op, first, count } => {
                     let result = disk.read(first, count, now);

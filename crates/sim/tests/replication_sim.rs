@@ -97,12 +97,15 @@ fn replication_keeps_acknowledged_writes_under_faults() {
                 total.repaired_blocks += report.repaired_blocks;
                 total.resynced_bytes += report.resynced_bytes;
                 total.lossy_blocks += report.lossy_blocks;
+                total.verifies += report.verifies;
+                total.verifies_done += report.verifies_done;
+                total.verify_repairs += report.verify_repairs;
             }
             Err((seed, error)) => failures.push((seed, error)),
         }
     }
     eprintln!(
-        "{count} seeds in {:.1} s: {} acknowledged writes, {} blocks read and checked, {} crashes ({} of a primary), {} attaches ({} forced), {} detaches, {} partitions, {} fenced engines, {} writes acknowledged by a fenced engine, {} bit flips, {} blocks repaired, {} MiB resynced, {} failed",
+        "{count} seeds in {:.1} s: {} acknowledged writes, {} blocks read and checked, {} crashes ({} of a primary), {} attaches ({} forced), {} detaches, {} partitions, {} fenced engines, {} writes acknowledged by a fenced engine, {} bit flips, {} blocks repaired, {} MiB resynced, {} verifies ({} to the end, {} blocks rewritten), {} failed",
         started.elapsed().as_secs_f64(),
         total.writes_ok,
         total.blocks_checked,
@@ -117,6 +120,9 @@ fn replication_keeps_acknowledged_writes_under_faults() {
         total.bit_flips,
         total.repaired_blocks,
         total.resynced_bytes >> 20,
+        total.verifies,
+        total.verifies_done,
+        total.verify_repairs,
         failures.len()
     );
     if let Some((seed, error)) = failures.first() {
@@ -138,6 +144,8 @@ fn replication_keeps_acknowledged_writes_under_faults() {
         assert!(total.partitions > 0, "no partition");
         assert!(total.repaired_blocks > 0, "no bad block was repaired");
         assert!(total.lossy_blocks > 0, "no crash lost unflushed writes");
+        assert!(total.verifies_done > 0, "no verify ran to the end");
+        assert!(total.verify_repairs > 0, "no verify rewrote a block");
     }
 }
 
@@ -213,4 +221,34 @@ fn two_primaries_writing_are_caught() {
         caught >= runs / 2,
         "only {caught} of {runs} runs with unfenced replicas failed"
     );
+}
+
+#[test]
+fn frequent_verifies_under_heavy_corruption_keep_every_write() {
+    // Verify's repairs race with client writes unless the region is held:
+    // many verifies and many bad blocks give those races their chance.
+    let runs = 80;
+    let mut verifies = 0;
+    let mut rewritten = 0;
+    for seed in 1_000..1_000 + runs {
+        let config = ReplicationSimConfig {
+            verify: 0.02,
+            bit_flip: 0.02,
+            steps: 1_500,
+            ..ReplicationSimConfig::for_seed(seed)
+        };
+        let report = run_replication_sim(seed, config.clone()).unwrap_or_else(|error| {
+            panic!(
+                "{error}\nReplay it with the config of this test (verify 0.02, bit_flip 0.02, 1,500 steps) and seed {seed}"
+            )
+        });
+        verifies += report.verifies_done;
+        rewritten += report.verify_repairs;
+    }
+    eprintln!("{runs} runs: {verifies} verifies to the end, {rewritten} blocks rewritten");
+    assert!(
+        verifies > runs,
+        "too few verifies ran to the end: {verifies}"
+    );
+    assert!(rewritten > runs, "too few blocks rewritten: {rewritten}");
 }
