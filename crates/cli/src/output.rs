@@ -653,6 +653,62 @@ pub fn scan_report(pool: &str, report: &ScanResponse) {
     }
 }
 
+/// The report of `volume verify`.
+pub fn verify_report(report: &trireme_node::api::model::VerifyResponse) {
+    let what = match report.state.as_str() {
+        "running" => format!("running, {}% done", report.percent),
+        "done" => format!(
+            "done in {}",
+            format_duration(report.elapsed_ms.div_ceil(1000))
+        ),
+        other => format!(
+            "{other}: {}",
+            report.reason.as_deref().unwrap_or("no reason given")
+        ),
+    };
+    println!(
+        "verify of volume '{}' on {}: {what}",
+        report.volume, report.primary
+    );
+    println!(
+        "  compared {} of {} on {}",
+        format_size(report.checked_bytes),
+        format_size(report.total_bytes),
+        report.replicas.join(", ")
+    );
+    if report.skipped_bytes > 0 {
+        println!(
+            "  not compared: {} (fewer than two up-to-date replicas answered)",
+            format_size(report.skipped_bytes)
+        );
+    }
+    if report.differing_blocks == 0 {
+        println!("  every block is identical on every replica");
+        return;
+    }
+    println!("  blocks that differed: {}", report.differing_blocks);
+    for repaired in &report.repaired {
+        println!(
+            "  rewritten on {}: {} blocks ({})",
+            repaired.node,
+            repaired.blocks,
+            format_size(repaired.blocks * 4096)
+        );
+    }
+    if report.no_majority_blocks > 0 {
+        println!(
+            "  decided without a majority (two copies disagreed; the primary's was kept): {} blocks",
+            report.no_majority_blocks
+        );
+    }
+    if report.unrecoverable_blocks > 0 {
+        println!(
+            "  unreadable on every replica (lost): {} blocks",
+            report.unrecoverable_blocks
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -161,6 +161,7 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
         node: node.clone(),
         addresses: Arc::new(addresses.clone()),
         cluster: cluster.clone(),
+        replication: replication.clone(),
     });
     let api_server = axum::serve(
         api_listener,

@@ -1,5 +1,5 @@
 //! `trireme volume ...`: create, list, show (and wait for resyncs), grow,
-//! delete, attach, detach, and add or remove a replica.
+//! delete, attach, detach, add or remove a replica, and verify the replicas.
 
 use anyhow::{bail, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
@@ -8,7 +8,7 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 use trireme_node::api::model::{
     AddReplicaRequest, AttachRequest, CreateVolumeRequest, DetachRequest, GrowVolumeRequest,
-    NodeEntry, PoolResponse, ReplicaResponse, VolumeResponse,
+    NodeEntry, PoolResponse, ReplicaResponse, VerifyResponse, VolumeResponse,
 };
 use trireme_types::{format_size, VolumeName};
 
@@ -146,6 +146,11 @@ pub fn run(command: VolumeCommand, format: OutputFormat, client: &Client) -> Res
                 }
             }
         }
+        VolumeCommand::Verify {
+            name,
+            no_wait,
+            status,
+        } => return verify(client, &name, no_wait, status, json),
         VolumeCommand::Replica(ReplicaCommand::Add { name, node, pool }) => {
             // Which nodes held one before, to name the new one.
             let before: Vec<String> = if json {
@@ -383,5 +388,70 @@ fn wait_in_sync(
             }
         }
         std::thread::sleep(WAIT_POLL);
+    }
+}
+
+/// `volume verify`: starts (or joins) the verify on the volume's primary,
+/// follows it with a progress bar unless `no_wait`, and prints the report.
+/// Fails when the replicas do not end identical.
+fn verify(
+    client: &Client,
+    name: &VolumeName,
+    no_wait: bool,
+    status_only: bool,
+    json: bool,
+) -> Result<()> {
+    let path = format!("/volumes/{name}/verify");
+    let mut answer = if status_only {
+        client.get(&path)?
+    } else {
+        client.post(&path, &serde_json::json!({}))?
+    };
+    let mut report: VerifyResponse = answer.parse()?;
+    if !(no_wait || status_only) {
+        let draw = !json && std::io::stderr().is_terminal();
+        let bar = draw.then(|| {
+            ProgressBar::new(report.total_bytes).with_style(
+                ProgressStyle::with_template(
+                    "verify [{bar:40.cyan/blue}] {percent:>3}% {binary_bytes}/{binary_total_bytes} {msg}",
+                )
+                .expect("the template is valid")
+                .progress_chars("=> "),
+            )
+        });
+        while report.state == "running" {
+            if let Some(bar) = &bar {
+                bar.set_position(report.checked_bytes + report.skipped_bytes);
+                bar.set_message(format!("{} blocks differ", report.differing_blocks));
+            }
+            std::thread::sleep(WAIT_POLL);
+            answer = client.get(&path)?;
+            report = answer.parse()?;
+        }
+        if let Some(bar) = &bar {
+            bar.finish_and_clear();
+        }
+    }
+    if json {
+        output::print_json(&answer);
+    } else {
+        output::verify_report(&report);
+    }
+    match report.state.as_str() {
+        "aborted" => bail!(
+            "the verify of volume '{name}' stopped before the end: {}",
+            report.reason.as_deref().unwrap_or("no reason given")
+        ),
+        "done" if report.unrecoverable_blocks > 0 => bail!(
+            "{} blocks of volume '{name}' are unreadable on every replica: their data is lost; \
+             restore them from a backup (the report above names the counts)",
+            report.unrecoverable_blocks
+        ),
+        "done" if report.skipped_bytes > 0 => bail!(
+            "{} of volume '{name}' could not be compared (fewer than two up-to-date replicas \
+             answered); run the verify again once every replica is in sync",
+            format_size(report.skipped_bytes)
+        ),
+        _ => Ok(()),
     }
 }

@@ -15,6 +15,7 @@ pub mod model;
 mod pools;
 mod system;
 mod validate;
+mod verify;
 mod volumes;
 
 pub use error::ApiError;
@@ -49,6 +50,8 @@ pub struct ApiState {
     pub node: Arc<Node>,
     pub addresses: Arc<Addresses>,
     pub cluster: Arc<Cluster>,
+    /// The engines of volumes attached here (verify runs in them).
+    pub replication: Arc<crate::replicated::Replication>,
 }
 
 #[derive(OpenApi)]
@@ -74,6 +77,8 @@ pub struct ApiState {
         volumes::detach_volume,
         volumes::add_replica,
         volumes::remove_replica,
+        verify::start_verify,
+        verify::show_verify,
         cluster::status,
         cluster::list_nodes,
         cluster::remove_node,
@@ -127,6 +132,10 @@ pub fn router(state: ApiState) -> Router {
             "/api/v1/volumes/{name}/replicas/{node}",
             axum::routing::delete(volumes::remove_replica),
         )
+        .route(
+            "/api/v1/volumes/{name}/verify",
+            get(verify::show_verify).post(verify::start_verify),
+        )
         .route("/api/v1/status", get(cluster::status))
         .route("/api/v1/nodes", get(cluster::list_nodes))
         .route(
@@ -153,6 +162,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/health", get(system::health))
         .route("/api/v1/openapi.json", get(system::openapi))
         .merge(protected)
+        // Signed by a member (checked in the handler), like /internal/v1.
+        .route(verify::PATH_INTERNAL_VERIFY, post(verify::internal_verify))
         .fallback(unknown_endpoint)
         .with_state(state)
         .merge(crate::cluster::internal::router(cluster))

@@ -362,3 +362,43 @@ impl From<ScanReport> for ScanResponse {
         }
     }
 }
+
+/// Blocks a verify rewrote on one replica.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RepairedResponse {
+    pub node: String,
+    pub blocks: u64,
+}
+
+/// A `verify` of a volume's replicas: how far it got and what it found.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct VerifyResponse {
+    pub volume: String,
+    /// The node whose engine runs it (where the volume is attached).
+    pub primary: String,
+    /// `running`, `done` or `aborted`.
+    pub state: String,
+    /// Why it was aborted.
+    #[serde(default)]
+    pub reason: Option<String>,
+    pub total_bytes: u64,
+    /// Bytes compared on every up-to-date replica.
+    pub checked_bytes: u64,
+    /// Bytes not compared: fewer than two up-to-date replicas answered.
+    pub skipped_bytes: u64,
+    /// 0 to 100.
+    pub percent: u64,
+    /// The up-to-date replicas compared.
+    pub replicas: Vec<String>,
+    /// 4 KiB blocks whose copies did not all agree.
+    pub differing_blocks: u64,
+    /// Of those, blocks decided without a majority (two copies that
+    /// disagree): the primary's copy won.
+    pub no_majority_blocks: u64,
+    /// Blocks unreadable on every copy: nothing to repair them from.
+    pub unrecoverable_blocks: u64,
+    /// Blocks rewritten, per replica.
+    pub repaired: Vec<RepairedResponse>,
+    /// Wall time of a finished verify; 0 while it runs.
+    pub elapsed_ms: u64,
+}

@@ -38,10 +38,13 @@ async fn test_node() -> TestNode {
     )
     .await
     .unwrap();
+    let node = Arc::new(node);
+    let replication = crate::replicated::Replication::open(node.clone()).unwrap();
     let router = router(ApiState {
-        node: Arc::new(node),
+        node,
         addresses: Arc::new(Addresses::default()),
         cluster: cluster.clone(),
+        replication,
     });
     TestNode {
         _directory: directory,

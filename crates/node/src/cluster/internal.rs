@@ -89,7 +89,7 @@ fn unauthorized(message: impl Into<String>) -> ApiError {
 }
 
 /// Checks a member's signature; returns the sender and the parsed body.
-fn verified<T: serde::de::DeserializeOwned>(
+pub(crate) fn verified<T: serde::de::DeserializeOwned>(
     cluster: &Cluster,
     headers: &HeaderMap,
     path: &str,

@@ -22,7 +22,7 @@ use trireme_control::{
 };
 use trireme_replication::{
     Action, ClientError, ClientRequest, Completion, Config, DirtyMap, FromReplica, NoQuorumPolicy,
-    Primary, Proposal, ProposalResult, ToReplica, View,
+    Primary, Proposal, ProposalResult, ToReplica, VerifyReport, VerifyState, View,
 };
 use trireme_store::Volume;
 use trireme_types::{Generation, NodeId, VolumeName};
@@ -56,6 +56,10 @@ pub(crate) enum Input {
     LinkDown(NodeId, u64),
     Reconnect(NodeId, u64),
     View(Option<VolumeRecord>),
+    /// Start a `verify` (or join the running one); answers its report.
+    StartVerify(oneshot::Sender<Result<VerifyReport, String>>),
+    /// The running or last verify's report.
+    VerifyStatus(oneshot::Sender<Option<VerifyReport>>),
     /// The node stops: detach cleanly (final flush, goodbye), so that the
     /// copies need no reconciliation or resync when it comes back.
     Shutdown,
@@ -85,6 +89,29 @@ impl EngineHandle {
     /// true once every replica has been flushed and told goodbye.
     pub fn shut_down(&self) {
         let _ = self.inputs.send(Input::Shutdown);
+    }
+
+    /// Starts comparing the volume's up-to-date replicas (see
+    /// `trireme_replication::primary::verify`), or joins the running verify.
+    pub async fn start_verify(&self) -> Result<VerifyReport, String> {
+        let (sender, receiver) = oneshot::channel();
+        if self.inputs.send(Input::StartVerify(sender)).is_err() {
+            return Err("the volume's engine stopped".into());
+        }
+        receiver
+            .await
+            .unwrap_or_else(|_| Err("the volume's engine stopped".into()))
+    }
+
+    /// The running or last verify's report, if any ran.
+    pub async fn verify_report(&self) -> Result<Option<VerifyReport>, String> {
+        let (sender, receiver) = oneshot::channel();
+        if self.inputs.send(Input::VerifyStatus(sender)).is_err() {
+            return Err("the volume's engine stopped".into());
+        }
+        receiver
+            .await
+            .map_err(|_| "the volume's engine stopped".to_string())
     }
 
     /// Runs one request through the engine and waits for it (blocking: the
@@ -173,6 +200,7 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
         started: epoch_start,
         joining: BTreeMap::new(),
         reconnect_delays: BTreeMap::new(),
+        verify_logged: None,
         logged: Default::default(),
     };
     spawn_view_watch(start.cluster, record.name.clone(), inputs.clone());
@@ -216,6 +244,8 @@ struct Driver {
     /// The next reconnect delay per peer: doubled on each failure, reset
     /// when a link comes up.
     reconnect_delays: BTreeMap<NodeId, Duration>,
+    /// The end of the last verify already logged.
+    verify_logged: Option<u64>,
     /// Counters already logged.
     logged: trireme_replication::primary::Counters,
 }
@@ -348,6 +378,19 @@ impl Driver {
                 }
             },
             Input::Shutdown => self.primary.detach(now),
+            Input::StartVerify(sender) => {
+                let result = self
+                    .primary
+                    .start_verify(now)
+                    .map(|()| self.primary.verify_report().cloned().expect("started"));
+                if result.is_ok() {
+                    tracing::info!(volume = %self.volume, "verify started");
+                }
+                let _ = sender.send(result);
+            }
+            Input::VerifyStatus(sender) => {
+                let _ = sender.send(self.primary.verify_report().cloned());
+            }
             Input::Persisted(token) => self.primary.persisted(token, now),
             Input::Proposal(id, result) => {
                 if let Some(node) = self.joining.remove(&id) {
@@ -401,11 +444,41 @@ impl Driver {
                     );
                     self.logged.repaired_blocks = repaired;
                 }
+                self.log_verify_end();
                 return;
             }
             for action in actions {
                 self.act(action);
             }
+        }
+    }
+
+    /// One line when a verify ends, with what it found.
+    fn log_verify_end(&mut self) {
+        let Some(report) = self.primary.verify_report() else {
+            return;
+        };
+        if report.finished_ms == 0 || self.verify_logged == Some(report.finished_ms) {
+            return;
+        }
+        self.verify_logged = Some(report.finished_ms);
+        let repaired: u64 = report.repaired.values().sum();
+        match &report.state {
+            VerifyState::Aborted(reason) => {
+                tracing::warn!(volume = %self.volume, %reason, "verify stopped before the end");
+            }
+            _ if report.differing_blocks == 0 && report.skipped_bytes == 0 => {
+                tracing::info!(volume = %self.volume, checked_bytes = report.checked_bytes, "verify done: every replica is identical");
+            }
+            _ => tracing::warn!(
+                volume = %self.volume,
+                differing_blocks = report.differing_blocks,
+                rewritten_blocks = repaired,
+                no_majority_blocks = report.no_majority_blocks,
+                unrecoverable_blocks = report.unrecoverable_blocks,
+                skipped_bytes = report.skipped_bytes,
+                "verify done: replicas differed"
+            ),
         }
     }
 

@@ -74,6 +74,11 @@ impl Replication {
             .cloned()
     }
 
+    /// The engine of a volume attached here, while it runs.
+    pub fn engine_handle(&self, name: &VolumeName) -> Option<Arc<EngineHandle>> {
+        self.engine(name)
+    }
+
     /// The NBD target of a volume attached here, while its engine runs.
     pub fn target(&self, name: &VolumeName) -> Option<Arc<dyn BlockTarget>> {
         let engine = self.engine(name)?;

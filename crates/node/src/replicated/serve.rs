@@ -13,9 +13,9 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use trireme_replication::message::MAX_FRAME_BYTES;
+use trireme_replication::message::{MAX_FRAME_BYTES, MAX_HASH_BLOCKS};
 use trireme_replication::{
-    FromReplica, HelloOutcome, Payload, ReadData, ReplicaError, ReplicaSide, ToReplica,
+    BlockHash, FromReplica, HelloOutcome, Payload, ReadData, ReplicaError, ReplicaSide, ToReplica,
 };
 use trireme_store::Volume;
 use trireme_types::{BlockTarget, Generation, TargetError, VolumeName, ZeroFlags};
@@ -345,7 +345,71 @@ fn execute(volume: &Volume, message: ToReplica) -> FromReplica {
             id,
             result: read(volume, offset, length),
         },
+        ToReplica::Hash { id, offset, length } => FromReplica::HashReply {
+            id,
+            result: hashes(volume, offset, length),
+        },
         ToReplica::Hello { .. } | ToReplica::Goodbye => unreachable!("handled by the caller"),
+    }
+}
+
+const BLOCK_BYTES: u64 = 4096;
+
+/// 128 bits of the block's BLAKE3: equal blocks, equal fingerprints.
+fn fingerprint(block: &[u8]) -> u128 {
+    let hash = blake3::hash(block);
+    u128::from_le_bytes(hash.as_bytes()[..16].try_into().expect("16 bytes"))
+}
+
+/// The fingerprint of every block of the range (at most one region). A
+/// range that fails its checksums is read again block by block, so only
+/// the bad blocks are reported unreadable; a device error fails it all.
+fn hashes(volume: &Volume, offset: u64, length: u64) -> Result<Vec<BlockHash>, ReplicaError> {
+    let blocks = length / BLOCK_BYTES;
+    if !offset.is_multiple_of(BLOCK_BYTES)
+        || !length.is_multiple_of(BLOCK_BYTES)
+        || blocks == 0
+        || blocks > MAX_HASH_BLOCKS
+        || offset
+            .checked_add(length)
+            .is_none_or(|end| end > volume.size_bytes())
+    {
+        return Err(ReplicaError::Refused(format!(
+            "fingerprints of {length} bytes at {offset}: not whole blocks of one region inside the volume"
+        )));
+    }
+    let zero = fingerprint(&[0u8; BLOCK_BYTES as usize]);
+    if let Ok(extents) = volume.block_status(offset, length) {
+        if extents
+            .first()
+            .is_some_and(|extent| extent.length_bytes >= length && extent.zero)
+        {
+            return Ok(vec![BlockHash::Hash(zero); blocks as usize]);
+        }
+    }
+    let mut buffer = vec![0u8; length as usize];
+    match volume.read(offset, &mut buffer) {
+        Ok(()) => Ok(buffer
+            .chunks(BLOCK_BYTES as usize)
+            .map(|block| BlockHash::Hash(fingerprint(block)))
+            .collect()),
+        Err(error) => match replica_error(error) {
+            ReplicaError::Checksum(_) => {
+                let mut out = Vec::with_capacity(blocks as usize);
+                for (index, block) in buffer.chunks_mut(BLOCK_BYTES as usize).enumerate() {
+                    let at = offset + index as u64 * BLOCK_BYTES;
+                    out.push(match volume.read(at, block) {
+                        Ok(()) => BlockHash::Hash(fingerprint(block)),
+                        Err(error) => match replica_error(error) {
+                            ReplicaError::Checksum(_) => BlockHash::Unreadable,
+                            other => return Err(other),
+                        },
+                    });
+                }
+                Ok(out)
+            }
+            other => Err(other),
+        },
     }
 }
 
