@@ -237,6 +237,16 @@ impl Session {
             }
             Err(request) => request,
         };
+        // Targets that complete requests on their own threads take them
+        // here, without an I/O thread waiting on each.
+        let (request, permits) = if self.context.target.submits() {
+            match dispatch::submit(&self.context, request, permits, &self.replies) {
+                Ok(()) => return,
+                Err(back) => back,
+            }
+        } else {
+            (request, permits)
+        };
         let context = self.context.clone();
         let replies = self.replies.clone();
         tokio::task::spawn_blocking(move || {

@@ -9,7 +9,9 @@ use tracing::{error, warn};
 use trireme_proto::nbd::constants::{STATE_HOLE, STATE_ZERO};
 use trireme_proto::nbd::reply::{self, descriptors_from_extents};
 use trireme_proto::nbd::{ErrorCode, Request, RequestKind};
-use trireme_types::{Attempt, BlockTarget, TargetError, ZeroFlags};
+use trireme_types::{
+    Attempt, BlockTarget, Completer, TargetError, TargetReply, TargetRequest, ZeroFlags,
+};
 
 /// Read buffers kept per connection for reuse.
 const MAX_POOLED_READ_BUFFERS: usize = 8;
@@ -166,6 +168,105 @@ pub(crate) fn try_inline(context: &ReplyContext, request: Request) -> Result<Out
             kind,
         }),
     }
+}
+
+/// Hands `request` to a target that completes requests on its own
+/// threads ([`BlockTarget::submits`]); its reply goes to `replies` when it
+/// completes. Requests with nothing to hand over (block status, zero
+/// lengths) come back, to run as usual.
+pub(crate) fn submit(
+    context: &ReplyContext,
+    request: Request,
+    permits: Permits,
+    replies: &tokio::sync::mpsc::UnboundedSender<Outgoing>,
+) -> Result<(), (Request, Permits)> {
+    let fua = request.fua();
+    let cookie = request.cookie;
+    let command = command_name(&request.kind);
+    let (target_request, read) = match request.kind {
+        RequestKind::Read { offset, length } if length > 0 => (
+            TargetRequest::Read {
+                offset,
+                length: u64::from(length),
+            },
+            Some((offset, length)),
+        ),
+        RequestKind::Write { offset, data } if !data.is_empty() => {
+            (TargetRequest::Write { offset, data, fua }, None)
+        }
+        RequestKind::Trim { offset, length } if length > 0 => (
+            TargetRequest::Trim {
+                offset,
+                length: u64::from(length),
+                fua,
+            },
+            None,
+        ),
+        RequestKind::WriteZeroes {
+            offset,
+            length,
+            no_hole,
+            fast_zero,
+        } if length > 0 => (
+            TargetRequest::WriteZeroes {
+                offset,
+                length: u64::from(length),
+                flags: ZeroFlags {
+                    fua,
+                    no_hole,
+                    fast_zero,
+                },
+            },
+            None,
+        ),
+        RequestKind::Flush => (TargetRequest::Flush, None),
+        kind => {
+            return Err((
+                Request {
+                    cookie,
+                    flags: request.flags,
+                    kind,
+                },
+                permits,
+            ))
+        }
+    };
+    let reply_context = context.clone();
+    let replies = replies.clone();
+    let done: Completer = Box::new(move |result| {
+        let result = result.map(|reply| {
+            let mut outgoing = Outgoing::default();
+            match (read, reply) {
+                (Some((offset, length)), reply) => {
+                    let data = match reply {
+                        TargetReply::Data(data) if data.len() == length as usize => data,
+                        // Zeros: a pooled buffer is zero-filled.
+                        _ => reply_context.buffers.take(length as usize),
+                    };
+                    if reply_context.structured_replies {
+                        reply::offset_data_header(
+                            &mut outgoing.header,
+                            cookie,
+                            offset,
+                            length,
+                            true,
+                        );
+                    } else {
+                        reply::simple_reply(&mut outgoing.header, cookie, None);
+                    }
+                    outgoing.data = Some(data);
+                }
+                (None, _) => reply::simple_reply(&mut outgoing.header, cookie, None),
+            }
+            outgoing
+        });
+        let mut outgoing = finish(&reply_context, cookie, command, result);
+        outgoing.permits = Some(permits);
+        // The writer may be gone (client vanished): the reply is dropped.
+        let _ = replies.send(outgoing);
+    });
+    context.target.submit(target_request, done);
+    Ok(())
 }
 
 fn finish(

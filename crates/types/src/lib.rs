@@ -13,7 +13,10 @@ pub use ids::{
     Generation, GroupName, NameError, NodeId, NodeName, PoolId, PoolName, VolumeId, VolumeName,
 };
 pub use size::{format_size, parse_size, SizeError};
-pub use target::{Attempt, BlockStatusExtent, BlockTarget, TargetError, ZeroFlags};
+pub use target::{
+    Attempt, BlockStatusExtent, BlockTarget, Completer, TargetError, TargetReply, TargetRequest,
+    ZeroFlags,
+};
 
 /// The unit of checksumming, allocation bitmaps and alignment: 4 KiB.
 pub const BLOCK_SIZE: u64 = 4096;

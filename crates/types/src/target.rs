@@ -2,8 +2,10 @@
 //!
 //! The NBD server knows nothing of pools, journals or replicas; it talks to a
 //! `BlockTarget`. A volume in a local pool is one; the replication engine's
-//! volume (a later layer) is another. Calls block the calling thread, so the
-//! server runs them on its I/O threads, never on the network reactor.
+//! volume is another. Calls block the calling thread, so the server runs
+//! them on its I/O threads, never on the network reactor; a target may also
+//! take requests asynchronously ([`BlockTarget::submit`]) and complete them
+//! from its own threads.
 //!
 //! The server checks ranges against [`BlockTarget::size_bytes`] before calling,
 //! so a target may treat an out-of-range request as a programming error and
@@ -64,6 +66,45 @@ pub enum Attempt<T, Back> {
     WouldBlock(Back),
 }
 
+/// A request a target can complete later, from any thread
+/// ([`BlockTarget::submit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetRequest {
+    Read {
+        offset: u64,
+        length: u64,
+    },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+        fua: bool,
+    },
+    Flush,
+    Trim {
+        offset: u64,
+        length: u64,
+        fua: bool,
+    },
+    WriteZeroes {
+        offset: u64,
+        length: u64,
+        flags: ZeroFlags,
+    },
+}
+
+/// What a submitted request completed with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetReply {
+    Done,
+    /// A read's bytes.
+    Data(Vec<u8>),
+    /// A read of a range that is all zeros (no bytes to copy).
+    Zeroes,
+}
+
+/// Called once when a submitted request completes.
+pub type Completer = Box<dyn FnOnce(Result<TargetReply, TargetError>) + Send + 'static>;
+
 pub trait BlockTarget: Send + Sync + 'static {
     fn size_bytes(&self) -> u64;
 
@@ -108,4 +149,23 @@ pub trait BlockTarget: Send + Sync + 'static {
     /// least one extent. Extents are in order and do not overlap.
     fn block_status(&self, offset: u64, length: u64)
         -> Result<Vec<BlockStatusExtent>, TargetError>;
+
+    /// Whether [`BlockTarget::submit`] takes requests. A target whose
+    /// requests complete elsewhere (the replication engine, on the network)
+    /// says yes, and the NBD server then hands requests over without
+    /// parking an I/O thread on each.
+    fn submits(&self) -> bool {
+        false
+    }
+
+    /// Starts `request` and returns at once; `done` runs when it completes,
+    /// on whatever thread completes it. Called only when
+    /// [`BlockTarget::submits`] says yes; requests arrive in the client's
+    /// order.
+    fn submit(&self, request: TargetRequest, done: Completer) {
+        let _ = request;
+        done(Err(TargetError::NotSupported(
+            "this target has no asynchronous path".into(),
+        )));
+    }
 }

@@ -12,7 +12,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use trireme_export::{ExportRegistry, NbdConfig, NbdServer};
-use trireme_types::{BlockStatusExtent, BlockTarget, TargetError, ZeroFlags};
+use trireme_types::{
+    BlockStatusExtent, BlockTarget, Completer, TargetError, TargetReply, TargetRequest, ZeroFlags,
+};
 
 /// Every test step is bounded by this.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -128,9 +130,123 @@ impl BlockTarget for MemoryTarget {
     }
 }
 
+/// A target that takes requests asynchronously ([`BlockTarget::submit`])
+/// and completes them on a thread of its own, a batch at a time in the
+/// reverse of their arrival order, as a replicated volume may.
+pub struct AsyncTarget {
+    pub memory: Arc<MemoryTarget>,
+    jobs: Mutex<std::sync::mpsc::Sender<(TargetRequest, Completer)>>,
+}
+
+impl AsyncTarget {
+    pub fn new(size_bytes: u64) -> Arc<AsyncTarget> {
+        let memory = Arc::new(MemoryTarget::new(size_bytes, false));
+        let (sender, receiver) = std::sync::mpsc::channel::<(TargetRequest, Completer)>();
+        let worker = memory.clone();
+        std::thread::spawn(move || {
+            while let Ok(first) = receiver.recv() {
+                std::thread::sleep(Duration::from_micros(300));
+                let mut batch = vec![first];
+                while let Ok(job) = receiver.try_recv() {
+                    batch.push(job);
+                }
+                // Every write of the batch lands first, in arrival order;
+                // then the completions go out newest first.
+                let mut results = Vec::new();
+                for (request, done) in batch {
+                    results.push((worker.run(request), done));
+                }
+                for (result, done) in results.into_iter().rev() {
+                    done(result);
+                }
+            }
+        });
+        Arc::new(AsyncTarget {
+            memory,
+            jobs: Mutex::new(sender),
+        })
+    }
+}
+
+impl MemoryTarget {
+    fn run(&self, request: TargetRequest) -> Result<TargetReply, TargetError> {
+        match request {
+            TargetRequest::Read { offset, length } => {
+                let mut buffer = vec![0; length as usize];
+                self.read(offset, &mut buffer)?;
+                Ok(if buffer.iter().all(|&byte| byte == 0) {
+                    TargetReply::Zeroes
+                } else {
+                    TargetReply::Data(buffer)
+                })
+            }
+            TargetRequest::Write { offset, data, fua } => {
+                self.write(offset, data, fua).map(|()| TargetReply::Done)
+            }
+            TargetRequest::Flush => self.flush().map(|()| TargetReply::Done),
+            TargetRequest::Trim {
+                offset,
+                length,
+                fua,
+            } => self.trim(offset, length, fua).map(|()| TargetReply::Done),
+            TargetRequest::WriteZeroes {
+                offset,
+                length,
+                flags,
+            } => self
+                .write_zeroes(offset, length, flags)
+                .map(|()| TargetReply::Done),
+        }
+    }
+}
+
+impl BlockTarget for AsyncTarget {
+    fn size_bytes(&self) -> u64 {
+        self.memory.size_bytes()
+    }
+    fn read(&self, _offset: u64, _buffer: &mut [u8]) -> Result<(), TargetError> {
+        panic!("an asynchronous target is never called synchronously for reads")
+    }
+    fn write(&self, _offset: u64, _data: Vec<u8>, _fua: bool) -> Result<(), TargetError> {
+        panic!("an asynchronous target is never called synchronously for writes")
+    }
+    fn flush(&self) -> Result<(), TargetError> {
+        panic!("an asynchronous target is never called synchronously for flushes")
+    }
+    fn trim(&self, _offset: u64, _length: u64, _fua: bool) -> Result<(), TargetError> {
+        panic!("an asynchronous target is never called synchronously for trims")
+    }
+    fn write_zeroes(
+        &self,
+        _offset: u64,
+        _length: u64,
+        _flags: ZeroFlags,
+    ) -> Result<(), TargetError> {
+        panic!("an asynchronous target is never called synchronously for zeroes")
+    }
+    fn block_status(
+        &self,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<BlockStatusExtent>, TargetError> {
+        self.memory.block_status(offset, length)
+    }
+    fn submits(&self) -> bool {
+        true
+    }
+    fn submit(&self, request: TargetRequest, done: Completer) {
+        self.jobs
+            .lock()
+            .unwrap()
+            .send((request, done))
+            .expect("the worker runs as long as the target");
+    }
+}
+
 pub struct Registry {
     pub disk: Arc<MemoryTarget>,
     pub read_only: Arc<MemoryTarget>,
+    pub asynchronous: Arc<AsyncTarget>,
 }
 
 impl ExportRegistry for Registry {
@@ -138,11 +254,12 @@ impl ExportRegistry for Registry {
         match name {
             "disk" => Some(self.disk.clone()),
             "ro" => Some(self.read_only.clone()),
+            "async" => Some(self.asynchronous.clone()),
             _ => None,
         }
     }
     fn names(&self) -> Vec<String> {
-        vec!["disk".into(), "ro".into()]
+        vec!["disk".into(), "ro".into(), "async".into()]
     }
 }
 
@@ -162,6 +279,7 @@ impl TestServer {
         let registry = Arc::new(Registry {
             disk: Arc::new(MemoryTarget::new(DISK_SIZE_BYTES, false)),
             read_only: Arc::new(MemoryTarget::new(64 * 1024, true)),
+            asynchronous: AsyncTarget::new(DISK_SIZE_BYTES),
         });
         let config = NbdConfig {
             tcp_listen: Some("127.0.0.1:0".parse().unwrap()),

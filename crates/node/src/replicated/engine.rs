@@ -46,11 +46,28 @@ const WRITE_BATCH_BYTES: usize = 1 << 20;
 /// goodbyes of a clean detach).
 const GOODBYE_GRACE: Duration = Duration::from_secs(2);
 
+/// Where a client request's outcome goes.
+pub(crate) enum Reply {
+    /// A caller blocked on a thread waits for it.
+    Waiting(oneshot::Sender<Result<Completion, ClientError>>),
+    /// Called on the engine's task (it must not block): the NBD server's
+    /// completion, which queues the reply to its connection.
+    Callback(Box<dyn FnOnce(Result<Completion, ClientError>) + Send>),
+}
+
+impl Reply {
+    fn send(self, result: Result<Completion, ClientError>) {
+        match self {
+            Reply::Waiting(sender) => {
+                let _ = sender.send(result);
+            }
+            Reply::Callback(callback) => callback(result),
+        }
+    }
+}
+
 pub(crate) enum Input {
-    Client(
-        ClientRequest,
-        oneshot::Sender<Result<Completion, ClientError>>,
-    ),
+    Client(ClientRequest, Reply),
     Message(NodeId, u64, FromReplica),
     LinkUp(NodeId, u64, mpsc::UnboundedSender<ToReplica>),
     LinkDown(NodeId, u64),
@@ -114,11 +131,33 @@ impl EngineHandle {
             .map_err(|_| "the volume's engine stopped".to_string())
     }
 
+    /// Hands one request to the engine; `done` runs on the engine's task
+    /// when it completes (or at once, with `ShuttingDown`, if the engine is
+    /// gone).
+    pub fn submit(
+        &self,
+        request: ClientRequest,
+        done: Box<dyn FnOnce(Result<Completion, ClientError>) + Send>,
+    ) {
+        if let Err(error) = self
+            .inputs
+            .send(Input::Client(request, Reply::Callback(done)))
+        {
+            if let Input::Client(_, reply) = error.0 {
+                reply.send(Err(ClientError::ShuttingDown));
+            }
+        }
+    }
+
     /// Runs one request through the engine and waits for it (blocking: the
     /// NBD server calls targets on its I/O threads).
     pub fn call(&self, request: ClientRequest) -> Result<Completion, ClientError> {
         let (sender, receiver) = oneshot::channel();
-        if self.inputs.send(Input::Client(request, sender)).is_err() {
+        if self
+            .inputs
+            .send(Input::Client(request, Reply::Waiting(sender)))
+            .is_err()
+        {
             return Err(ClientError::ShuttingDown);
         }
         receiver
@@ -234,7 +273,7 @@ struct Driver {
     local: Option<Arc<Volume>>,
     inputs: mpsc::UnboundedSender<Input>,
     links: BTreeMap<NodeId, LinkSlot>,
-    ops: BTreeMap<u64, oneshot::Sender<Result<Completion, ClientError>>>,
+    ops: BTreeMap<u64, Reply>,
     next_op: u64,
     persister: mpsc::UnboundedSender<PersistJob>,
     local_readable: Arc<AtomicBool>,
@@ -286,8 +325,8 @@ impl Driver {
             }
         }
         self.local_readable.store(false, Ordering::Release);
-        for (_, sender) in std::mem::take(&mut self.ops) {
-            let _ = sender.send(Err(ClientError::ShuttingDown));
+        for (_, reply) in std::mem::take(&mut self.ops) {
+            reply.send(Err(ClientError::ShuttingDown));
         }
         // Writers send what is queued (a detach's goodbyes) and then end,
         // each reporting its link down; a peer that does not take it
@@ -304,8 +343,8 @@ impl Driver {
                 Ok(Some(Input::LinkDown(node, epoch))) => {
                     open.remove(&(node, epoch));
                 }
-                Ok(Some(Input::Client(_, sender))) => {
-                    let _ = sender.send(Err(ClientError::ShuttingDown));
+                Ok(Some(Input::Client(_, reply))) => {
+                    reply.send(Err(ClientError::ShuttingDown));
                 }
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => break,
@@ -318,8 +357,8 @@ impl Driver {
         // Requests that raced with the stop.
         receiver.close();
         while let Ok(input) = receiver.try_recv() {
-            if let Input::Client(_, sender) = input {
-                let _ = sender.send(Err(ClientError::ShuttingDown));
+            if let Input::Client(_, reply) = input {
+                reply.send(Err(ClientError::ShuttingDown));
             }
         }
         tracing::info!(volume = %self.volume, generation = %self.generation, "primary engine stopped");
@@ -328,10 +367,10 @@ impl Driver {
     fn handle(&mut self, input: Input) {
         let now = self.now();
         match input {
-            Input::Client(request, sender) => {
+            Input::Client(request, reply) => {
                 let op = self.next_op;
                 self.next_op += 1;
-                self.ops.insert(op, sender);
+                self.ops.insert(op, reply);
                 self.primary.client(op, request, now);
             }
             Input::Message(node, epoch, message) => {
@@ -503,8 +542,8 @@ impl Driver {
                     }
                 }
                 Action::Complete { op, result } => {
-                    if let Some(sender) = self.ops.remove(&op) {
-                        let _ = sender.send(result);
+                    if let Some(reply) = self.ops.remove(&op) {
+                        reply.send(result);
                     }
                 }
                 Action::Propose { id, proposal } => {

@@ -9,7 +9,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use trireme_replication::{ClientError, ClientRequest, Completion, Payload, ReadData};
-use trireme_types::{BlockStatusExtent, BlockTarget, TargetError, ZeroFlags};
+use trireme_types::{
+    BlockStatusExtent, BlockTarget, Completer, TargetError, TargetReply, TargetRequest, ZeroFlags,
+};
 
 use super::engine::EngineHandle;
 
@@ -23,11 +25,7 @@ impl ReplicatedVolume {
     }
 
     fn call(&self, request: ClientRequest) -> Result<Completion, TargetError> {
-        self.engine.call(request).map_err(|error| match error {
-            ClientError::Io(message) => TargetError::Io(message),
-            ClientError::NoSpace(message) => TargetError::NoSpace { pool: message },
-            ClientError::ShuttingDown => TargetError::ShuttingDown,
-        })
+        self.engine.call(request).map_err(client_error)
     }
 
     fn write_payload(&self, offset: u64, payload: Payload, fua: bool) -> Result<(), TargetError> {
@@ -37,6 +35,23 @@ impl ReplicatedVolume {
             fua,
         })
         .map(|_| ())
+    }
+}
+
+fn client_error(error: ClientError) -> TargetError {
+    match error {
+        ClientError::Io(message) => TargetError::Io(message),
+        ClientError::NoSpace(message) => TargetError::NoSpace { pool: message },
+        ClientError::ShuttingDown => TargetError::ShuttingDown,
+    }
+}
+
+/// The engine's answer as the NBD server's.
+fn target_reply(result: Result<Completion, ClientError>) -> Result<TargetReply, TargetError> {
+    match result.map_err(client_error)? {
+        Completion::Done => Ok(TargetReply::Done),
+        Completion::Read(ReadData::Data(data)) => Ok(TargetReply::Data(data)),
+        Completion::Read(ReadData::Zeroes) => Ok(TargetReply::Zeroes),
     }
 }
 
@@ -106,6 +121,70 @@ impl BlockTarget for ReplicatedVolume {
             },
             flags.fua,
         )
+    }
+
+    fn submits(&self) -> bool {
+        true
+    }
+
+    fn submit(&self, request: TargetRequest, done: Completer) {
+        let request = match request {
+            TargetRequest::Read { offset, length } => {
+                if self.engine.local_readable.load(Ordering::Acquire) {
+                    if let Some(local) = self.engine.local.clone() {
+                        // The local copy is up to date: read it on an I/O
+                        // thread (the NBD server already tried the page
+                        // cache); a bad block there goes through the engine,
+                        // which reads a peer and repairs it.
+                        let engine = self.engine.clone();
+                        tokio::task::spawn_blocking(move || {
+                            let mut buffer = vec![0u8; length as usize];
+                            match local.read(offset, &mut buffer) {
+                                Ok(()) => done(Ok(TargetReply::Data(buffer))),
+                                Err(TargetError::Io(message)) if message.contains("checksum") => {
+                                    engine.submit(
+                                        ClientRequest::Read { offset, length },
+                                        Box::new(move |result| done(target_reply(result))),
+                                    )
+                                }
+                                Err(error) => done(Err(error)),
+                            }
+                        });
+                        return;
+                    }
+                }
+                ClientRequest::Read { offset, length }
+            }
+            TargetRequest::Write { offset, data, fua } => ClientRequest::Write {
+                offset,
+                payload: Payload::Data(Arc::from(data)),
+                fua,
+            },
+            TargetRequest::Flush => ClientRequest::Flush,
+            TargetRequest::Trim {
+                offset,
+                length,
+                fua,
+            } => ClientRequest::Write {
+                offset,
+                payload: Payload::Zeroes { length, trim: true },
+                fua,
+            },
+            TargetRequest::WriteZeroes {
+                offset,
+                length,
+                flags,
+            } => ClientRequest::Write {
+                offset,
+                payload: Payload::Zeroes {
+                    length,
+                    trim: !flags.no_hole,
+                },
+                fua: flags.fua,
+            },
+        };
+        self.engine
+            .submit(request, Box::new(move |result| done(target_reply(result))));
     }
 
     fn block_status(
