@@ -392,3 +392,41 @@ fn live_migration_with_two_primaries_keeps_every_write_on_every_replica() {
         );
     }
 }
+
+#[test]
+fn a_diskless_primary_on_the_tiebreaker_node_counts_its_own_vote() {
+    if !tools_or_skip(&["qemu-io"]) {
+        return;
+    }
+    let mut nodes = three_nodes();
+    nodes[0].cli(&["volume", "create", "dv", "--size", "16M", "--replicas", "2"]);
+    let shown = wait_in_sync(&nodes[0], "dv", Duration::from_secs(30));
+    let replicas = shown["replicas"].as_array().unwrap().clone();
+    let named = |kind: &str| -> Vec<usize> {
+        replicas
+            .iter()
+            .filter(|replica| replica["kind"] == kind)
+            .map(|replica| {
+                replica["node"].as_str().unwrap()[1..]
+                    .parse::<usize>()
+                    .unwrap()
+                    - 1
+            })
+            .collect()
+    };
+    let (diskful, tiebreaker) = (named("diskful"), named("tiebreaker"));
+    assert_eq!((diskful.len(), tiebreaker.len()), (2, 1), "{shown:#}");
+    let t = tiebreaker[0];
+    // The VM runs on the node without a copy: its engine reads and writes
+    // through the two copies, and its own tiebreaker vote counts.
+    attach(&nodes[0], "dv", &format!("n{}", t + 1), &[]);
+    wait_served(&nodes[t], "dv");
+    let uri = nodes[t].uri("dv");
+    qemu_io_all(&uri, &["write -P 0x71 0 1M", "flush"]);
+    nodes[diskful[1]].kill9();
+    // One copy and the tiebreaker (this node) are two of three voters.
+    qemu_io_all(&uri, &["write -P 0x72 1M 1M", "flush", "read -P 0x71 0 1M"]);
+    nodes[diskful[1]].restart();
+    wait_in_sync(&nodes[t], "dv", Duration::from_secs(60));
+    qemu_io_all(&uri, &["read -P 0x71 0 1M", "read -P 0x72 1M 1M"]);
+}

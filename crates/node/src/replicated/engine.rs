@@ -3,10 +3,10 @@
 //! views, ticks) and carries out its actions (link traffic, persisting
 //! dirty maps, control-plane proposals, completions).
 //!
-//! Links: to a peer, a TCP connection to its data listener; to this node's
-//! own replica, a unix socket pair served by the same replica code, so the
-//! local copy follows exactly the rules of the others. Each link has a
-//! writer task (batching frames into one socket write) and a reader task.
+//! Links: to a peer, a TCP connection to its data listener, with a writer
+//! task (batching frames into one socket write) and a reader task; to this
+//! node's own copy, an in-process [`LocalLink`] that runs the same replica
+//! code, so the local copy follows exactly the rules of the others.
 //! A link has an epoch; anything from an older epoch is ignored, so a
 //! message of a closed link can never be mistaken for one of its successor.
 
@@ -27,6 +27,7 @@ use trireme_replication::{
 use trireme_store::Volume;
 use trireme_types::{Generation, NodeId, VolumeName};
 
+use super::local::LocalLink;
 use super::serve::ReplicaService;
 use super::wire::{push_frame, read_frame_async, LinkOpen};
 use super::ReplicationMeta;
@@ -69,7 +70,7 @@ impl Reply {
 pub(crate) enum Input {
     Client(ClientRequest, Reply),
     Message(NodeId, u64, FromReplica),
-    LinkUp(NodeId, u64, mpsc::UnboundedSender<ToReplica>),
+    LinkUp(NodeId, u64, LinkSender),
     LinkDown(NodeId, u64),
     Reconnect(NodeId, u64),
     View(Option<VolumeRecord>),
@@ -248,9 +249,16 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
     Ok(handle)
 }
 
+/// Where a link's messages go: a peer's socket (through the link's writer
+/// task), or this node's own copy, in-process.
+pub(crate) enum LinkSender {
+    Remote(mpsc::UnboundedSender<ToReplica>),
+    Local(LocalLink),
+}
+
 struct LinkSlot {
     epoch: u64,
-    sender: Option<mpsc::UnboundedSender<ToReplica>>,
+    sender: Option<LinkSender>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -526,9 +534,16 @@ impl Driver {
             match action {
                 Action::Connect { to } => self.connect(to),
                 Action::Send { to, message } => {
-                    if let Some(sender) = self.links.get(&to).and_then(|slot| slot.sender.as_ref())
-                    {
-                        let _ = sender.send(message);
+                    match self.links.get(&to).and_then(|slot| slot.sender.as_ref()) {
+                        Some(LinkSender::Remote(sender)) => {
+                            let _ = sender.send(message);
+                        }
+                        Some(LinkSender::Local(local)) => {
+                            if let Some((reply, close)) = local.send(message) {
+                                self.local_outcome(to, reply, close);
+                            }
+                        }
+                        None => {}
                     }
                 }
                 Action::Reset { to } => {
@@ -576,6 +591,24 @@ impl Driver {
         }
     }
 
+    /// The local link carried a message out at once: its reply goes to the
+    /// engine now, and a refusal closes the link like a reset.
+    fn local_outcome(&mut self, to: NodeId, reply: Option<FromReplica>, close: bool) {
+        let now = self.now();
+        if let Some(reply) = reply {
+            self.primary.message(to, reply, now);
+        }
+        if close {
+            if let Some(slot) = self.links.get_mut(&to) {
+                slot.close();
+                slot.epoch += 1;
+                let epoch = slot.epoch;
+                self.primary.link_down(to, now);
+                self.schedule_reconnect(to, epoch);
+            }
+        }
+    }
+
     fn connect(&mut self, to: NodeId) {
         let slot = self.links.entry(to).or_insert(LinkSlot {
             epoch: 0,
@@ -588,16 +621,19 @@ impl Driver {
         let inputs = self.inputs.clone();
         let volume = self.volume.clone();
         if to == self.me {
-            let Some(local) = self.local.clone() else {
-                let _ = inputs.send(Input::LinkDown(to, epoch));
-                return;
+            // This node's copy (or its tiebreaker vote), in-process.
+            let deliver_inputs = inputs.clone();
+            let deliver = move |outcome: super::local::LocalOutcome| {
+                let input = match outcome {
+                    Some((Some(reply), _)) => Input::Message(to, epoch, reply),
+                    Some((None, false)) => return,
+                    Some((None, true)) | None => Input::LinkDown(to, epoch),
+                };
+                let _ = deliver_inputs.send(input);
             };
-            match local_pair() {
-                Ok((mine, theirs)) => {
-                    self.replicas.serve_local(volume, local, theirs);
-                    let (reader, writer) = mine.into_split();
-                    let tasks = spawn_link(to, epoch, reader, writer, inputs);
-                    self.links.get_mut(&to).expect("inserted").tasks = tasks;
+            match LocalLink::open(self.replicas.clone(), volume, self.local.clone(), deliver) {
+                Ok(local) => {
+                    let _ = inputs.send(Input::LinkUp(to, epoch, LinkSender::Local(local)));
                 }
                 Err(error) => {
                     tracing::warn!(%error, "cannot open the local data link");
@@ -696,12 +732,6 @@ impl Driver {
     }
 }
 
-fn local_pair() -> std::io::Result<(tokio::net::UnixStream, std::os::unix::net::UnixStream)> {
-    let (mine, theirs) = std::os::unix::net::UnixStream::pair()?;
-    mine.set_nonblocking(true)?;
-    Ok((tokio::net::UnixStream::from_std(mine)?, theirs))
-}
-
 async fn open_remote(
     address: &str,
     secret: &[u8],
@@ -750,6 +780,7 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let (sender, receiver) = mpsc::unbounded_channel();
+    let sender = LinkSender::Remote(sender);
     let writer_inputs = inputs.clone();
     let write_task = tokio::spawn(async move {
         let _ = write_loop(receiver, writer).await;

@@ -7,9 +7,11 @@
 //! - [`wire`]: frames and the signed link preamble.
 //! - [`serve`]: the replica side of data links, on the local store.
 //! - [`engine`]: a primary engine under tokio.
+//! - `local`: the engine's link to this node's own copy, in-process.
 //! - [`volume`]: an attached volume as an NBD target.
 
 pub mod engine;
+mod local;
 pub mod meta;
 pub mod serve;
 pub mod volume;

@@ -10,7 +10,6 @@
 use std::collections::BTreeMap;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use trireme_replication::message::{MAX_FRAME_BYTES, MAX_HASH_BLOCKS};
@@ -65,7 +64,7 @@ impl ReplicaService {
         })
     }
 
-    fn side(&self, volume: &VolumeName) -> Result<Arc<Mutex<ReplicaSide>>, NodeError> {
+    pub(super) fn side(&self, volume: &VolumeName) -> Result<Arc<Mutex<ReplicaSide>>, NodeError> {
         let mut sides = self.sides.lock().expect("sides lock");
         if let Some(side) = sides.get(volume) {
             return Ok(side.clone());
@@ -183,24 +182,9 @@ impl ReplicaService {
         })
     }
 
-    /// Serves the local end of a primary on this very node.
-    pub fn serve_local(
-        self: &Arc<Self>,
-        name: VolumeName,
-        volume: Arc<Volume>,
-        stream: UnixStream,
-    ) {
-        let service = self.clone();
-        let _ = std::thread::Builder::new()
-            .name("data-local".into())
-            .spawn(move || {
-                let Ok(reader) = stream.try_clone() else {
-                    return;
-                };
-                if let Err(error) = service.serve_link(&name, Some(volume), reader, stream) {
-                    tracing::debug!(%error, "local data link ended");
-                }
-            });
+    /// A new link id (links are told apart by it, never by peer).
+    pub(super) fn next_link_id(&self) -> u64 {
+        self.next_link.fetch_add(1, Ordering::Relaxed)
     }
 
     fn serve_link(
@@ -253,7 +237,7 @@ impl ReplicaService {
     }
 
     /// One message: the reply, and whether to close the link.
-    fn handle(
+    pub(super) fn handle(
         &self,
         name: &VolumeName,
         volume: Option<&Volume>,
@@ -307,7 +291,7 @@ impl ReplicaService {
     }
 }
 
-fn execute(volume: &Volume, message: ToReplica) -> FromReplica {
+pub(super) fn execute(volume: &Volume, message: ToReplica) -> FromReplica {
     match message {
         ToReplica::Write {
             seq,
