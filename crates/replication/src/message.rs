@@ -9,7 +9,7 @@
 
 use crate::regions::RegionSet;
 use std::sync::Arc;
-use trireme_types::{Generation, NodeId};
+use trireme_types::{Generation, NodeId, SnapshotId};
 
 /// The largest frame a peer accepts: a 32 MiB write plus headers. Larger
 /// requests are split by the export before they get here.
@@ -59,6 +59,12 @@ pub enum ToReplica {
         id: u64,
         offset: u64,
         length: u64,
+    },
+    /// Take snapshot `snapshot` of the copy: it holds every write received
+    /// before this message and none after; acknowledged once durable.
+    Snapshot {
+        seq: u64,
+        snapshot: SnapshotId,
     },
     /// The fingerprint of every 4 KiB block of the range (`verify`).
     Hash {
@@ -327,6 +333,11 @@ impl ToReplica {
                 w.u64(*length);
             }
             ToReplica::Goodbye => w.u8(5),
+            ToReplica::Snapshot { seq, snapshot } => {
+                w.u8(7);
+                w.u64(*seq);
+                w.u64(snapshot.0);
+            }
             ToReplica::Hash { id, offset, length } => {
                 w.u8(6);
                 w.u64(*id);
@@ -371,6 +382,10 @@ impl ToReplica {
                 length: r.u64()?,
             },
             5 => ToReplica::Goodbye,
+            7 => ToReplica::Snapshot {
+                seq: r.u64()?,
+                snapshot: SnapshotId(r.u64()?),
+            },
             6 => ToReplica::Hash {
                 id: r.u64()?,
                 offset: r.u64()?,
@@ -557,6 +572,10 @@ mod tests {
         round_trip_from(FromReplica::ReadReply {
             id: 5,
             result: Err(ReplicaError::Checksum("block 3".into())),
+        });
+        round_trip_to(ToReplica::Snapshot {
+            seq: 12,
+            snapshot: SnapshotId(3),
         });
         round_trip_to(ToReplica::Hash {
             id: 6,

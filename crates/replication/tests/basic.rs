@@ -138,10 +138,12 @@ impl World {
                         replica.side.on_goodbye(to.0);
                         return;
                     }
-                    ToReplica::Flush { seq } => FromReplica::Ack {
-                        seq: *seq,
-                        result: Ok(()),
-                    },
+                    ToReplica::Flush { seq } | ToReplica::Snapshot { seq, .. } => {
+                        FromReplica::Ack {
+                            seq: *seq,
+                            result: Ok(()),
+                        }
+                    }
                     ToReplica::Read { id, offset, length } => {
                         let blocks = offset / 4096..(offset + length) / 4096;
                         let result = if blocks.clone().any(|b| replica.bad_blocks.contains(&b)) {
@@ -187,7 +189,10 @@ impl World {
                 }
             }
             Action::PersistDirty { token, .. } => self.primary.persisted(token, self.now),
-            Action::ForgetDirty { .. } | Action::LocalReadable(_) | Action::Stopped { .. } => {}
+            Action::ForgetDirty { .. }
+            | Action::LocalReadable(_)
+            | Action::Stopped { .. }
+            | Action::SnapshotDone { .. } => {}
         }
     }
 

@@ -336,7 +336,7 @@ impl World {
             Action::ForgetDirty { peer } => {
                 self.maps.remove(&peer);
             }
-            Action::LocalReadable(_) | Action::Stopped { .. } => {}
+            Action::LocalReadable(_) | Action::Stopped { .. } | Action::SnapshotDone { .. } => {}
         }
     }
 
@@ -395,7 +395,7 @@ impl World {
                         };
                         vec![FromReplica::Ack { seq, result }]
                     }
-                    ToReplica::Flush { seq } => {
+                    ToReplica::Flush { seq } | ToReplica::Snapshot { seq, .. } => {
                         let result = if replica.io_error {
                             Err(ReplicaError::Io("device".into()))
                         } else {

@@ -125,7 +125,7 @@ use trireme_replication::{
     FromReplica, HelloOutcome, LinkId, NoQuorumPolicy, Payload, Primary, Proposal, ProposalResult,
     ReadData, ReplicaError, ReplicaSide, ToReplica, VerifyState, View, REGION_BYTES,
 };
-use trireme_types::{Generation, NodeId};
+use trireme_types::{Generation, NodeId, SnapshotId};
 
 const BLOCK: u64 = 4096;
 /// How often the engines' `tick` runs.
@@ -186,6 +186,8 @@ pub struct ReplicationSimConfig {
     pub detach: f64,
     /// Per step: the current engine starts a `verify` of the replicas.
     pub verify: f64,
+    /// Per step: the current engine is asked for a snapshot.
+    pub snapshot: f64,
     /// Per proposal: the control plane has no leader.
     pub unavailable: f64,
     /// Per proposal: committed, but the answer is lost.
@@ -232,6 +234,7 @@ impl Default for ReplicationSimConfig {
             failover: 0.0008,
             detach: 0.0006,
             verify: 0.0008,
+            snapshot: 0.0015,
             unavailable: 0.1,
             answer_lost: 0.05,
             refuse_in_sync: 0.05,
@@ -296,6 +299,7 @@ impl ReplicationSimConfig {
             failover: base.failover * intensity,
             detach: base.detach * intensity,
             verify: base.verify * intensity,
+            snapshot: base.snapshot * intensity,
             max_outstanding: rng.gen_range(2..=8),
             op_rate: rng.gen_range(0.3..0.9),
             final_crash: rng.gen_bool(0.7),
@@ -328,6 +332,7 @@ impl ReplicationSimConfig {
             self.failover,
             self.detach,
             self.verify,
+            self.snapshot,
             self.unavailable,
             self.answer_lost,
             self.refuse_in_sync,
@@ -376,6 +381,10 @@ pub struct ReplicationSimReport {
     pub verifies_done: u64,
     /// Blocks verifies rewrote.
     pub verify_repairs: u64,
+    /// Snapshots asked, taken (on a quorum of replicas), failed.
+    pub snapshots: u64,
+    pub snapshots_taken: u64,
+    pub snapshots_failed: u64,
     pub io_faults: u64,
     pub stalls: u64,
     pub fenced_engines: u64,
@@ -496,6 +505,7 @@ fn summary_to(message: &ToReplica) -> String {
             format!("read r{id} b{}+{}", offset / BLOCK, length / BLOCK)
         }
         ToReplica::Goodbye => "goodbye".into(),
+        ToReplica::Snapshot { seq, snapshot } => format!("snapshot #{snapshot} s{seq}"),
         ToReplica::Hash { id, offset, length } => {
             format!("hash h{id} b{}+{}", offset / BLOCK, length / BLOCK)
         }
@@ -559,6 +569,12 @@ enum DiskKind {
         first: u64,
         count: u64,
     },
+    /// A snapshot: waits for every earlier write, then flushes and copies
+    /// the disk's content, durably.
+    Snapshot {
+        seq: u64,
+        snapshot: SnapshotId,
+    },
     /// Block fingerprints for `verify`.
     Hash {
         id: u64,
@@ -577,7 +593,7 @@ impl DiskKind {
     fn range(&self) -> Option<(u64, u64)> {
         match self {
             DiskKind::Write { first, tags, .. } => Some((*first, tags.len() as u64)),
-            DiskKind::Flush { .. } => None,
+            DiskKind::Flush { .. } | DiskKind::Snapshot { .. } => None,
             DiskKind::Read { first, count, .. }
             | DiskKind::Hash { first, count, .. }
             | DiskKind::LocalRead { first, count, .. } => Some((*first, *count)),
@@ -665,11 +681,17 @@ impl Disk {
 
     /// Whether the pending operation `key` must wait for an earlier one.
     fn blocked(&self, key: u64, op: &DiskOp) -> bool {
-        let is_flush = matches!(op.kind, DiskKind::Flush { .. });
+        let is_flush = matches!(op.kind, DiskKind::Flush { .. } | DiskKind::Snapshot { .. });
         let range = op.kind.range();
+        let is_write = matches!(op.kind, DiskKind::Write { .. });
         self.pending.range(..key).any(|(_, earlier)| {
             if is_flush {
                 return matches!(earlier.kind, DiskKind::Write { .. });
+            }
+            // A snapshot is a point in the store's order (a journal
+            // record): no later write lands before it.
+            if is_write && matches!(earlier.kind, DiskKind::Snapshot { .. }) {
+                return true;
             }
             match (range, earlier.kind.range()) {
                 (Some((a, n)), Some((b, m))) => a < b + m && b < a + n,
@@ -695,6 +717,8 @@ struct Node {
     links: BTreeSet<LinkId>,
     /// The highest generation it ever accepted, persisted or not.
     max_accepted: Generation,
+    /// Snapshots it took: their blocks' tags (durable: they survive crashes).
+    snapshots: BTreeMap<SnapshotId, Vec<u64>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -932,6 +956,12 @@ struct Sim {
     settle_started: Time,
     final_crash_done: bool,
     scrubs: u64,
+    next_snapshot: u64,
+    /// Per snapshot, what each block may hold: the model when the barrier
+    /// went out (no write of that engine was in flight).
+    snapshot_expected: BTreeMap<SnapshotId, Vec<BTreeSet<u64>>>,
+    /// Snapshots an engine reported taken, with the nodes it named.
+    snapshot_taken: BTreeMap<SnapshotId, BTreeSet<NodeId>>,
     partitioned: BTreeSet<NodeId>,
     heal_at: Time,
     /// Nodes cut off from the control plane only.
@@ -975,6 +1005,7 @@ impl Sim {
                     disk: diskful.then(|| Disk::new(blocks)),
                     links: BTreeSet::new(),
                     max_accepted: Generation(0),
+                    snapshots: BTreeMap::new(),
                 },
             );
         }
@@ -1027,6 +1058,9 @@ impl Sim {
             settle_started: 0,
             final_crash_done: false,
             scrubs: 0,
+            next_snapshot: 1,
+            snapshot_expected: BTreeMap::new(),
+            snapshot_taken: BTreeMap::new(),
             partitioned: BTreeSet::new(),
             heal_at: 0,
             control_cut: BTreeSet::new(),
@@ -1480,6 +1514,17 @@ impl Sim {
                 }
             }
         }
+        if self.chance(self.cfg.snapshot) {
+            if let Some(id) = self.arbiter.current {
+                let snapshot = SnapshotId(self.next_snapshot);
+                self.next_snapshot += 1;
+                let now = self.now;
+                self.report.snapshots += 1;
+                self.log(format!("operator: snapshot #{snapshot} on engine {id}"));
+                let engine = self.engines.get_mut(&id).expect("current");
+                engine.primary.take_snapshot(snapshot, now);
+            }
+        }
         if self.chance(self.cfg.verify) {
             if let Some(id) = self.arbiter.current {
                 let now = self.now;
@@ -1874,7 +1919,9 @@ impl Sim {
         op
     }
 
-    fn issue_read(&mut self, engine: EngineId, first: u64, count: u64, local: bool, sweep: bool) {
+    /// Per block of the range, every version a copy may hold now: what the
+    /// model allows plus the writes still in flight on any engine.
+    fn possible_now(&self, first: u64, count: u64) -> Vec<BTreeSet<u64>> {
         let mut allowed: Vec<BTreeSet<u64>> = (first..first + count)
             .map(|b| self.model[b as usize].allowed())
             .collect();
@@ -1891,6 +1938,11 @@ impl Sim {
                 }
             }
         }
+        allowed
+    }
+
+    fn issue_read(&mut self, engine: EngineId, first: u64, count: u64, local: bool, sweep: bool) {
+        let allowed = self.possible_now(first, count);
         let op = self.new_op(
             engine,
             OpKind::Read {
@@ -2058,6 +2110,13 @@ impl Sim {
                         self.engines.values().map(|e| e.primary.counters).collect();
                     for counters in counters {
                         self.count(counters);
+                    }
+                    // Snapshots the engines never reported taken are not
+                    // recorded by the control plane, and their leftovers
+                    // are deleted: only reported ones must agree.
+                    let snapshots: Vec<SnapshotId> = self.snapshot_taken.keys().copied().collect();
+                    for snapshot in snapshots {
+                        self.check_snapshot(snapshot);
                     }
                     self.log("settle: done".into());
                     self.phase = Phase::Done;
@@ -2441,6 +2500,7 @@ impl Sim {
                         }
                     }
                     ToReplica::Flush { seq } => DiskKind::Flush { seq },
+                    ToReplica::Snapshot { seq, snapshot } => DiskKind::Snapshot { seq, snapshot },
                     ToReplica::Read { id, offset, length } => {
                         if !offset.is_multiple_of(BLOCK)
                             || !length.is_multiple_of(BLOCK)
@@ -2671,6 +2731,23 @@ impl Sim {
                     let result = disk.read(first, count, now);
                     self.replica_send(op.link, FromReplica::ReadReply { id, result });
                 }
+                DiskKind::Snapshot { seq, snapshot } => {
+                    let result = if io {
+                        Err(ReplicaError::Io("simulated device error".into()))
+                    } else {
+                        for b in 0..disk.volatile.len() {
+                            if disk.volatile[b] != NONE {
+                                disk.durable[b] = disk.volatile[b];
+                                disk.corrupt[b] = false;
+                                disk.volatile[b] = NONE;
+                            }
+                        }
+                        let content = disk.durable.clone();
+                        n.snapshots.insert(snapshot, content);
+                        Ok(())
+                    };
+                    self.replica_send(op.link, FromReplica::Ack { seq, result });
+                }
                 DiskKind::Hash { id, first, count } => {
                     let result = disk.hashes(first, count, now);
                     self.replica_send(op.link, FromReplica::HashReply { id, result });
@@ -2807,6 +2884,15 @@ impl Sim {
                 self.schedule_connect(id, to, delay);
             }
             Action::Send { to, message } => {
+                if let ToReplica::Snapshot { snapshot, .. } = &message {
+                    // The barrier: nothing of this engine is in flight.
+                    if !self.snapshot_expected.contains_key(snapshot) {
+                        // Writes of other engines (a superseded primary)
+                        // may still be in flight and land before it.
+                        let expected = self.possible_now(0, self.model.len() as u64);
+                        self.snapshot_expected.insert(*snapshot, expected);
+                    }
+                }
                 let Some(&link) = self.engines[&id].links.get(&to) else {
                     self.log(format!(
                         "engine {id}: {} to node {to} without a link: dropped",
@@ -2862,6 +2948,73 @@ impl Sim {
                 self.engines.get_mut(&id).expect("checked").local_readable = readable;
             }
             Action::Stopped { reason } => self.engine_stopped(id, reason),
+            Action::SnapshotDone { snapshot, result } => match result {
+                Ok(nodes) => {
+                    self.report.snapshots_taken += 1;
+                    self.log(format!(
+                        "engine {id}: snapshot #{snapshot} taken on {nodes:?}"
+                    ));
+                    self.snapshot_taken.insert(snapshot, nodes.clone());
+                    for node in &nodes {
+                        if !self.nodes[node].snapshots.contains_key(&snapshot) {
+                            self.violate(format!(
+                                "engine {id} reports snapshot #{snapshot} taken on node {node}, which does not hold it"
+                            ));
+                            return;
+                        }
+                    }
+                    self.check_snapshot(snapshot);
+                }
+                Err(reason) => {
+                    self.report.snapshots_failed += 1;
+                    self.log(format!(
+                        "engine {id}: snapshot #{snapshot} failed: {reason}"
+                    ));
+                }
+            },
+        }
+    }
+
+    /// Every node that holds `snapshot` holds the same blocks, and each
+    /// block is a version the model allowed when the barrier went out.
+    fn check_snapshot(&mut self, snapshot: SnapshotId) {
+        let holders: Vec<(NodeId, &Vec<u64>)> = self
+            .nodes
+            .iter()
+            .filter(|(node, _)| {
+                self.snapshot_taken
+                    .get(&snapshot)
+                    .is_some_and(|nodes| nodes.contains(node))
+            })
+            .filter_map(|(&node, n)| n.snapshots.get(&snapshot).map(|tags| (node, tags)))
+            .collect();
+        let Some(&(first_node, first)) = holders.first() else {
+            return;
+        };
+        for &(node, tags) in &holders[1..] {
+            if let Some(b) = (0..tags.len()).find(|&b| tags[b] != first[b]) {
+                let message = format!(
+                    "snapshot #{snapshot} differs between node {first_node} and node {node} at block {b}: {} vs {}",
+                    describe_tag(first[b]),
+                    describe_tag(tags[b])
+                );
+                self.violate(message);
+                return;
+            }
+        }
+        let Some(expected) = self.snapshot_expected.get(&snapshot) else {
+            self.violate(format!(
+                "snapshot #{snapshot} exists but its barrier was never sent"
+            ));
+            return;
+        };
+        if let Some(b) = (0..first.len()).find(|&b| !expected[b].contains(&first[b])) {
+            let message = format!(
+                "snapshot #{snapshot} on node {first_node} holds {} at block {b}; the model allowed {:?} at the barrier",
+                describe_tag(first[b]),
+                expected[b].iter().map(|&t| describe_tag(t)).collect::<Vec<_>>()
+            );
+            self.violate(message);
         }
     }
 

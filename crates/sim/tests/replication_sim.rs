@@ -100,12 +100,14 @@ fn replication_keeps_acknowledged_writes_under_faults() {
                 total.verifies += report.verifies;
                 total.verifies_done += report.verifies_done;
                 total.verify_repairs += report.verify_repairs;
+                total.snapshots += report.snapshots;
+                total.snapshots_taken += report.snapshots_taken;
             }
             Err((seed, error)) => failures.push((seed, error)),
         }
     }
     eprintln!(
-        "{count} seeds in {:.1} s: {} acknowledged writes, {} blocks read and checked, {} crashes ({} of a primary), {} attaches ({} forced), {} detaches, {} partitions, {} fenced engines, {} writes acknowledged by a fenced engine, {} bit flips, {} blocks repaired, {} MiB resynced, {} verifies ({} to the end, {} blocks rewritten), {} failed",
+        "{count} seeds in {:.1} s: {} acknowledged writes, {} blocks read and checked, {} crashes ({} of a primary), {} attaches ({} forced), {} detaches, {} partitions, {} fenced engines, {} writes acknowledged by a fenced engine, {} bit flips, {} blocks repaired, {} MiB resynced, {} verifies ({} to the end, {} blocks rewritten), {} snapshots ({} taken), {} failed",
         started.elapsed().as_secs_f64(),
         total.writes_ok,
         total.blocks_checked,
@@ -123,6 +125,8 @@ fn replication_keeps_acknowledged_writes_under_faults() {
         total.verifies,
         total.verifies_done,
         total.verify_repairs,
+        total.snapshots,
+        total.snapshots_taken,
         failures.len()
     );
     if let Some((seed, error)) = failures.first() {
@@ -146,6 +150,7 @@ fn replication_keeps_acknowledged_writes_under_faults() {
         assert!(total.lossy_blocks > 0, "no crash lost unflushed writes");
         assert!(total.verifies_done > 0, "no verify ran to the end");
         assert!(total.verify_repairs > 0, "no verify rewrote a block");
+        assert!(total.snapshots_taken > 0, "no snapshot was taken");
     }
 }
 

@@ -44,6 +44,13 @@ id_type!(
     Generation
 );
 
+id_type!(
+    /// A snapshot's identity in its cluster: given by the control plane
+    /// when the snapshot is created, the same on every replica, never
+    /// reused.
+    SnapshotId
+);
+
 impl Generation {
     pub fn next(self) -> Generation {
         Generation(self.0 + 1)

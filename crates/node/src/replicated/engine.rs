@@ -587,6 +587,9 @@ impl Driver {
                 Action::Stopped { reason } => {
                     tracing::info!(volume = %self.volume, %reason, "primary engine stops");
                 }
+                Action::SnapshotDone { snapshot, result } => {
+                    tracing::info!(volume = %self.volume, %snapshot, ?result, "snapshot barrier done");
+                }
             }
         }
     }

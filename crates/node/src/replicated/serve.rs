@@ -333,6 +333,12 @@ pub(super) fn execute(volume: &Volume, message: ToReplica) -> FromReplica {
             id,
             result: hashes(volume, offset, length),
         },
+        ToReplica::Snapshot { seq, snapshot } => FromReplica::Ack {
+            seq,
+            result: Err(ReplicaError::Refused(format!(
+                "snapshot {snapshot}: this store does not take snapshots yet"
+            ))),
+        },
         ToReplica::Hello { .. } | ToReplica::Goodbye => unreachable!("handled by the caller"),
     }
 }

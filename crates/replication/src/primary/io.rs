@@ -274,6 +274,12 @@ impl Primary {
                 break;
             }
             let (_, request) = &self.queue[index];
+            // A snapshot waits for the writes in flight: new ones wait
+            // for it (reads go on).
+            if self.quiescing() && !matches!(request, ClientRequest::Read { .. }) {
+                index += 1;
+                continue;
+            }
             let range = match request {
                 ClientRequest::Read { offset, length } => (*offset, *length),
                 ClientRequest::Write {
@@ -591,7 +597,7 @@ impl Primary {
             if failed_still_listed && !nobody_applied {
                 continue;
             }
-            let internal = !matches!(write.purpose, Purpose::Client(_));
+            let internal = matches!(write.purpose, Purpose::Repair | Purpose::Internal);
             if !internal && !nobody_applied && !self.has_quorum(&write.acked) {
                 continue;
             }
@@ -603,19 +609,15 @@ impl Primary {
                 self.abandon(seq, &write.acked);
                 self.copy_again(write.range);
             }
-            if let Purpose::Client(op) = write.purpose {
-                let result = if write.acked.is_empty() && !write.errors.is_empty() {
-                    Err(match &write.errors[0].1 {
-                        ReplicaError::NoSpace(message) => ClientError::NoSpace(message.clone()),
-                        other => ClientError::Io(other.to_string()),
-                    })
-                } else {
-                    self.counters.writes_completed += 1;
-                    Ok(Completion::Done)
-                };
-                self.actions.push(Action::Complete { op, result });
-            }
-            let _ = write.flush;
+            let result = if write.acked.is_empty() && !write.errors.is_empty() {
+                Err(match &write.errors[0].1 {
+                    ReplicaError::NoSpace(message) => ClientError::NoSpace(message.clone()),
+                    other => ClientError::Io(other.to_string()),
+                })
+            } else {
+                Ok(())
+            };
+            self.end_write(&write.purpose, &write.acked, result);
         }
         self.maybe_serve();
     }

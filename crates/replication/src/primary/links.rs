@@ -301,14 +301,13 @@ impl Primary {
             let write = self.writes.remove(&seq).expect("listed");
             self.abandon(seq, &write.acked);
             regions.add_range(write.range.0, write.range.1);
-            if let Purpose::Client(op) = write.purpose {
-                self.actions.push(Action::Complete {
-                    op,
-                    result: Err(ClientError::Io(
-                        "the last up-to-date replica lost the write with its link".into(),
-                    )),
-                });
-            }
+            self.end_write(
+                &write.purpose,
+                &write.acked,
+                Err(ClientError::Io(
+                    "the last up-to-date replica lost the write with its link".into(),
+                )),
+            );
         }
         let others: Vec<NodeId> = self
             .members

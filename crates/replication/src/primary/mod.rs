@@ -47,7 +47,7 @@ use crate::message::{FromReplica, Payload, ReadData, ReplicaError, ToReplica};
 use crate::regions::{region_range, regions_of, RegionSet, REGION_BYTES};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
-use trireme_types::{Generation, NodeId};
+use trireme_types::{Generation, NodeId, SnapshotId};
 
 /// Client writes and flushes being replicated at once; more wait in the
 /// engine's queue (which the export's own in-flight limit bounds).
@@ -80,6 +80,7 @@ mod io;
 mod links;
 mod reconcile;
 mod resync;
+mod snapshot;
 mod state;
 pub mod types;
 mod verify;
@@ -141,6 +142,9 @@ pub struct Primary {
     /// A running `verify`, and the report of the running or last one.
     verify: Option<VerifyJob>,
     verify_report: Option<VerifyReport>,
+    /// Snapshots asked and not yet sent: while any waits, no new write
+    /// starts, so that every replica gets it at the same write boundary.
+    snapshots_wanted: VecDeque<SnapshotId>,
 }
 
 impl Primary {
@@ -211,6 +215,7 @@ impl Primary {
             counters: Counters::default(),
             verify: None,
             verify_report: None,
+            snapshots_wanted: VecDeque::new(),
         };
         let nodes: Vec<NodeId> = primary.members.keys().copied().collect();
         for node in nodes {
@@ -573,14 +578,13 @@ impl Primary {
                 let write = self.writes.remove(&seq).expect("listed");
                 self.abandon(seq, &write.acked);
                 self.copy_again(write.range);
-                if let Purpose::Client(op) = write.purpose {
-                    self.actions.push(Action::Complete {
-                        op,
-                        result: Err(ClientError::Io(
-                            "the volume has no quorum: too few up-to-date replicas answer".into(),
-                        )),
-                    });
-                }
+                self.end_write(
+                    &write.purpose,
+                    &write.acked,
+                    Err(ClientError::Io(
+                        "the volume has no quorum: too few up-to-date replicas answer".into(),
+                    )),
+                );
             }
             if !self.is_serving() {
                 self.fail_queue_if_stuck();
@@ -598,6 +602,7 @@ impl Primary {
     pub fn detach(&mut self, now_ms: u64) {
         self.now_ms = now_ms;
         self.abort_verify("the volume was detached");
+        self.fail_snapshots("the volume was detached");
         if self.detaching.is_none() {
             self.detaching = Some(None);
         }
@@ -644,14 +649,10 @@ impl Primary {
             return;
         }
         self.abort_verify(&reason);
+        self.fail_snapshots(&reason);
         self.phase = Phase::Stopped;
         for (_, write) in std::mem::take(&mut self.writes) {
-            if let Purpose::Client(op) = write.purpose {
-                self.actions.push(Action::Complete {
-                    op,
-                    result: Err(ClientError::ShuttingDown),
-                });
-            }
+            self.end_write(&write.purpose, &write.acked, Err(ClientError::ShuttingDown));
         }
         for (_, read) in std::mem::take(&mut self.reads) {
             if let Some(op) = read.op {
@@ -727,8 +728,17 @@ impl Primary {
                 self.start_queued();
             }
             self.complete_writes();
+            // Resync goes on while a snapshot waits: its copies go only
+            // to replicas that do not get the snapshot, and client writes
+            // or barriers waiting for quorum may need it to finish.
             self.pump_resyncs();
-            self.pump_verify();
+            if self.snapshots_wanted.is_empty() {
+                self.pump_verify();
+            }
+            if self.continue_snapshots() {
+                // The barrier is out: what waited behind it goes now.
+                self.start_queued();
+            }
             self.continue_detach();
         }
         self.check();

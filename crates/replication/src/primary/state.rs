@@ -197,6 +197,9 @@ pub(super) enum Purpose {
     Client(OpId),
     Repair,
     Internal,
+    /// A snapshot barrier: completes like a write (every in-sync replica,
+    /// and a quorum), but carries no data and is never sent again.
+    Snapshot(SnapshotId),
 }
 
 #[derive(Debug)]

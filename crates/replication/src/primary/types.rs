@@ -143,6 +143,13 @@ pub enum Action {
     },
     /// Local reads may (or may no longer) bypass the engine.
     LocalReadable(bool),
+    /// A snapshot asked with [`Primary::take_snapshot`] was taken on these
+    /// replicas (every in-sync one that was linked, a quorum among them),
+    /// or could not be taken.
+    SnapshotDone {
+        snapshot: SnapshotId,
+        result: Result<BTreeSet<NodeId>, String>,
+    },
     /// The engine stopped: fenced by a newer generation, or detached.
     Stopped {
         reason: String,
