@@ -654,6 +654,7 @@ pub enum ClusterCommand {
     ///   trireme cluster settings
     ///   trireme cluster settings --eviction on --eviction-delay 30m
     ///   trireme cluster settings --eviction off
+    ///   trireme cluster settings --resync-rate 100M
     #[command(verbatim_doc_comment)]
     Settings {
         /// Switch eviction on or off.
@@ -664,6 +665,12 @@ pub enum ClusterCommand {
         /// on or off as it is.
         #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         eviction_delay: Option<u64>,
+        /// Bytes per second one volume's resync (or verify) may copy, e.g.
+        /// 64M or 1G (per second; at least 1M). Lower it when resyncs slow
+        /// the VMs down, raise it to get replicas up to date sooner.
+        /// Running resyncs take it within a second.
+        #[arg(long, value_name = "BYTES", value_parser = parse_size_argument)]
+        resync_rate: Option<u64>,
     },
 }
 
@@ -919,17 +926,22 @@ mod tests {
             "on",
             "--eviction-delay",
             "1h",
+            "--resync-rate",
+            "64M",
         ])
         .unwrap();
         let Command::Cluster(ClusterCommand::Settings {
             eviction,
             eviction_delay,
+            resync_rate,
         }) = cli.command
         else {
             panic!("wrong command");
         };
         assert_eq!(eviction, Some(Switch::On));
         assert_eq!(eviction_delay, Some(3600));
+        assert_eq!(resync_rate, Some(64 << 20));
+        assert!(parse(&["cluster", "settings", "--resync-rate", "fast"]).is_err());
         assert!(parse(&["cluster", "settings", "--eviction", "maybe"]).is_err());
         let error = parse(&["cluster", "settings", "--eviction-delay", "soon"]).unwrap_err();
         assert!(error.to_string().contains("duration 'soon'"), "{error}");

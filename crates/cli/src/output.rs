@@ -625,6 +625,10 @@ pub fn settings(settings: &SettingsBody) {
         format_duration(settings.eviction_delay_secs),
         settings.eviction_delay_secs
     );
+    println!(
+        "resync rate:    {}/s per volume",
+        format_size(settings.resync_rate_bytes_per_sec)
+    );
     if settings.eviction_enabled {
         println!(
             "a node offline for longer than {} is evicted: its replicas are placed on other nodes",

@@ -336,6 +336,13 @@ impl ClusterState {
                 node,
             } => self.replica_removed(volume, volume_id, node),
             Command::SetSettings { settings } => {
+                if settings.resync_rate_bytes_per_sec < MIN_RESYNC_RATE {
+                    return Err(CommandError::Invalid(format!(
+                        "resync rate {} B/s is too slow: use at least {} MiB/s",
+                        settings.resync_rate_bytes_per_sec,
+                        MIN_RESYNC_RATE >> 20
+                    )));
+                }
                 self.settings = settings;
                 Ok(Reply::Done)
             }

@@ -368,6 +368,22 @@ pub struct ClusterSettings {
     /// Re-place the replicas of a node offline for longer than the delay.
     pub eviction_enabled: bool,
     pub eviction_delay_secs: u64,
+    /// Bytes per second one volume's resyncs (and verify) may copy, so
+    /// that application I/O keeps priority. Absent in states written
+    /// before it existed: the default then.
+    #[serde(default = "default_resync_rate")]
+    pub resync_rate_bytes_per_sec: u64,
+}
+
+/// A resync's default rate: a quarter of a SATA SSD's bandwidth, so that a
+/// returning replica catches up within minutes without starving the VMs.
+pub const DEFAULT_RESYNC_RATE: u64 = 256 << 20;
+/// The slowest resync rate accepted: slower would leave a replica
+/// outdated (and the volume one failure from data loss) for days.
+pub const MIN_RESYNC_RATE: u64 = 1 << 20;
+
+fn default_resync_rate() -> u64 {
+    DEFAULT_RESYNC_RATE
 }
 
 impl Default for ClusterSettings {
@@ -377,6 +393,7 @@ impl Default for ClusterSettings {
         ClusterSettings {
             eviction_enabled: false,
             eviction_delay_secs: 3600,
+            resync_rate_bytes_per_sec: DEFAULT_RESYNC_RATE,
         }
     }
 }

@@ -1059,6 +1059,7 @@ fn settings_are_replaced() {
     let settings = ClusterSettings {
         eviction_enabled: true,
         eviction_delay_secs: 60,
+        resync_rate_bytes_per_sec: 32 << 20,
     };
     apply_ok(
         &mut state,
@@ -1067,6 +1068,28 @@ fn settings_are_replaced() {
         },
     );
     assert_eq!(state.settings, settings);
+    // A crawling resync would leave replicas outdated for days: refused,
+    // and nothing changes.
+    let error = refused(
+        &mut state,
+        Command::SetSettings {
+            settings: ClusterSettings {
+                resync_rate_bytes_per_sec: 1000,
+                ..settings
+            },
+        },
+    );
+    assert!(error.to_string().contains("resync rate"), "{error}");
+}
+
+#[test]
+fn a_state_without_a_resync_rate_loads_with_the_default() {
+    let json = r#"{"eviction_enabled":true,"eviction_delay_secs":60}"#;
+    let settings: ClusterSettings = serde_json::from_str(json).unwrap();
+    assert_eq!(
+        settings.resync_rate_bytes_per_sec,
+        trireme_control::DEFAULT_RESYNC_RATE
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -1982,14 +2005,17 @@ fn command(now: u64) -> impl Strategy<Value = Command> {
                 node,
             }
         }),
-        1 => (any::<bool>(), 0u64..10_000).prop_map(|(eviction_enabled, eviction_delay_secs)| {
-            Command::SetSettings {
-                settings: ClusterSettings {
-                    eviction_enabled,
-                    eviction_delay_secs,
-                },
+        1 => (any::<bool>(), 0u64..10_000, 0u64..(1 << 30)).prop_map(
+            |(eviction_enabled, eviction_delay_secs, resync_rate_bytes_per_sec)| {
+                Command::SetSettings {
+                    settings: ClusterSettings {
+                        eviction_enabled,
+                        eviction_delay_secs,
+                        resync_rate_bytes_per_sec,
+                    },
+                }
             }
-        }),
+        ),
         2 => node_id().prop_map(move |node| Command::EvictNode { node, now_ms: now }),
         1 => (node_id(), prop::option::of(0u16..3)).prop_map(|(node, port)| {
             Command::SetDataAddress {

@@ -1733,6 +1733,7 @@ impl Sim {
                 settings: ClusterSettings {
                     eviction_enabled: self.rng.gen_bool(0.5),
                     eviction_delay_secs: self.rng.gen_range(60..7200),
+                    resync_rate_bytes_per_sec: self.rng.gen_range(1..512) << 20,
                 },
             },
         }

@@ -31,13 +31,14 @@ pub fn run(command: ClusterCommand, format: OutputFormat, client: &Client) -> Re
         ClusterCommand::Settings {
             eviction,
             eviction_delay,
+            resync_rate,
         } => {
             let answer = client.get("/cluster/settings")?;
-            let change = eviction.is_some() || eviction_delay.is_some();
+            let change = eviction.is_some() || eviction_delay.is_some() || resync_rate.is_some();
             let answer = if change {
                 // The API replaces the settings whole: change only what was given.
                 let current: SettingsBody = answer.parse()?;
-                let merged = merge_settings(current, eviction, eviction_delay);
+                let merged = merge_settings(current, eviction, eviction_delay, resync_rate);
                 client.put("/cluster/settings", &merged)?
             } else {
                 answer
@@ -60,10 +61,13 @@ fn merge_settings(
     current: SettingsBody,
     eviction: Option<Switch>,
     eviction_delay_secs: Option<u64>,
+    resync_rate_bytes_per_sec: Option<u64>,
 ) -> SettingsBody {
     SettingsBody {
         eviction_enabled: eviction.map_or(current.eviction_enabled, |switch| switch == Switch::On),
         eviction_delay_secs: eviction_delay_secs.unwrap_or(current.eviction_delay_secs),
+        resync_rate_bytes_per_sec: resync_rate_bytes_per_sec
+            .unwrap_or(current.resync_rate_bytes_per_sec),
     }
 }
 
@@ -92,20 +96,25 @@ mod tests {
         SettingsBody {
             eviction_enabled: enabled,
             eviction_delay_secs: delay,
+            resync_rate_bytes_per_sec: 256 << 20,
         }
     }
 
     #[test]
     fn only_the_given_settings_change() {
-        let merged = merge_settings(settings(false, 3600), Some(Switch::On), None);
+        let merged = merge_settings(settings(false, 3600), Some(Switch::On), None, None);
         assert!(merged.eviction_enabled);
         assert_eq!(merged.eviction_delay_secs, 3600);
-        let merged = merge_settings(settings(true, 3600), None, Some(600));
+        assert_eq!(merged.resync_rate_bytes_per_sec, 256 << 20);
+        let merged = merge_settings(settings(true, 3600), None, Some(600), None);
         assert!(merged.eviction_enabled);
         assert_eq!(merged.eviction_delay_secs, 600);
-        let merged = merge_settings(settings(true, 3600), Some(Switch::Off), Some(60));
+        let merged = merge_settings(settings(true, 3600), Some(Switch::Off), Some(60), None);
         assert!(!merged.eviction_enabled);
         assert_eq!(merged.eviction_delay_secs, 60);
+        let merged = merge_settings(settings(true, 3600), None, None, Some(8 << 20));
+        assert!(merged.eviction_enabled);
+        assert_eq!(merged.resync_rate_bytes_per_sec, 8 << 20);
     }
 
     #[test]

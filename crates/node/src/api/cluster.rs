@@ -199,6 +199,7 @@ pub async fn show_settings(State(state): State<ApiState>) -> Json<SettingsBody> 
     Json(SettingsBody {
         eviction_enabled: settings.eviction_enabled,
         eviction_delay_secs: settings.eviction_delay_secs,
+        resync_rate_bytes_per_sec: settings.resync_rate_bytes_per_sec,
     })
 }
 
@@ -209,7 +210,7 @@ pub const MIN_EVICTION_DELAY_SECS: u64 = 10;
 #[utoipa::path(put, path = "/api/v1/cluster/settings", tag = "cluster", request_body = SettingsBody,
     responses(
         (status = 200, description = "Settings changed", body = SettingsBody),
-        (status = 400, description = "Delay out of range", body = ErrorBody)))]
+        (status = 400, description = "Delay or rate out of range", body = ErrorBody)))]
 pub async fn change_settings(
     State(state): State<ApiState>,
     ApiJson(body): ApiJson<SettingsBody>,
@@ -223,12 +224,23 @@ pub async fn change_settings(
             ),
         ));
     }
+    if body.resync_rate_bytes_per_sec < trireme_control::MIN_RESYNC_RATE {
+        return Err(ApiError::bad_request(
+            "invalid_request",
+            format!(
+                "resync rate {} B/s is too slow: use at least {} MiB/s (e.g. --resync-rate 64M)",
+                body.resync_rate_bytes_per_sec,
+                trireme_control::MIN_RESYNC_RATE >> 20
+            ),
+        ));
+    }
     state
         .cluster
         .write(Command::SetSettings {
             settings: trireme_control::ClusterSettings {
                 eviction_enabled: body.eviction_enabled,
                 eviction_delay_secs: body.eviction_delay_secs,
+                resync_rate_bytes_per_sec: body.resync_rate_bytes_per_sec,
             },
         })
         .await?;

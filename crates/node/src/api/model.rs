@@ -96,7 +96,7 @@ impl From<PoolStatus> for PoolResponse {
             name: status.record.name.to_string(),
             id: status.record.id.0,
             class: status.record.class.to_string(),
-            state: if info.is_some() {
+            state: if status.offline_reason.is_none() {
                 PoolState::Online
             } else {
                 PoolState::Offline
@@ -291,6 +291,14 @@ pub struct GroupBody {
 pub struct SettingsBody {
     pub eviction_enabled: bool,
     pub eviction_delay_secs: u64,
+    /// Bytes per second one volume's resync (or verify) may copy; at least
+    /// 1 MiB/s [default: 256 MiB/s].
+    #[serde(default = "default_resync_rate")]
+    pub resync_rate_bytes_per_sec: u64,
+}
+
+fn default_resync_rate() -> u64 {
+    trireme_control::DEFAULT_RESYNC_RATE
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

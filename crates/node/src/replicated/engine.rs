@@ -74,6 +74,8 @@ pub(crate) enum Input {
     LinkDown(NodeId, u64),
     Reconnect(NodeId, u64),
     View(Option<VolumeRecord>),
+    /// The cluster's resync rate changed (bytes per second).
+    ResyncRate(u64),
     /// Start a `verify` (or join the running one); answers its report.
     StartVerify(oneshot::Sender<Result<VerifyReport, String>>),
     /// The running or last verify's report.
@@ -424,6 +426,12 @@ impl Driver {
                     }
                 }
             },
+            Input::ResyncRate(rate) => {
+                if rate != self.primary.resync_rate() {
+                    tracing::info!(volume = %self.volume, rate_bytes_per_sec = rate, "resync rate changed");
+                    self.primary.set_resync_rate(rate);
+                }
+            }
             Input::Shutdown => self.primary.detach(now),
             Input::StartVerify(sender) => {
                 let result = self
@@ -895,12 +903,30 @@ fn spawn_view_watch(
 ) {
     tokio::spawn(async move {
         let mut changes = cluster.state.subscribe();
-        let mut last: Option<VolumeRecord> = cluster.state.read().volumes.get(&volume).cloned();
+        let (mut last, mut last_rate) = {
+            let state = cluster.state.read();
+            (
+                state.volumes.get(&volume).cloned(),
+                state.settings.resync_rate_bytes_per_sec,
+            )
+        };
         loop {
             if changes.changed().await.is_err() {
                 return;
             }
-            let record = cluster.state.read().volumes.get(&volume).cloned();
+            let (record, rate) = {
+                let state = cluster.state.read();
+                (
+                    state.volumes.get(&volume).cloned(),
+                    state.settings.resync_rate_bytes_per_sec,
+                )
+            };
+            if rate != last_rate {
+                last_rate = rate;
+                if inputs.send(Input::ResyncRate(rate)).is_err() {
+                    return;
+                }
+            }
             if record == last {
                 continue;
             }

@@ -30,9 +30,6 @@ use serve::ReplicaService;
 use crate::cluster::{auth, Cluster};
 use crate::{Node, NodeError};
 
-/// Bytes per second a resync copies, so application I/O keeps priority.
-pub const DEFAULT_RESYNC_RATE: u64 = 256 << 20;
-
 pub struct Replication {
     node: Arc<Node>,
     /// `HOST:PORT` other nodes open data links to.
@@ -126,7 +123,7 @@ impl Replication {
                     (volume.clone(), policy)
                 })
                 .collect();
-            (attached, DEFAULT_RESYNC_RATE)
+            (attached, state.settings.resync_rate_bytes_per_sec)
         };
         self.report_data_address(cluster).await;
         {

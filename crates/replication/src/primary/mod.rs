@@ -476,6 +476,20 @@ impl Primary {
         self.progress();
     }
 
+    /// Changes the bytes per second resyncs and verifies may copy (0: no
+    /// limit); takes effect at the next tick.
+    pub fn set_resync_rate(&mut self, bytes_per_sec: u64) {
+        self.resync_rate = bytes_per_sec;
+        if bytes_per_sec > 0 {
+            let cap = (RESYNC_WINDOW as u64 * REGION_BYTES).max(bytes_per_sec / 4) as f64;
+            self.resync_tokens = self.resync_tokens.min(cap);
+        }
+    }
+
+    pub fn resync_rate(&self) -> u64 {
+        self.resync_rate
+    }
+
     pub fn tick(&mut self, now_ms: u64) {
         let elapsed = now_ms.saturating_sub(self.last_tick_ms);
         self.now_ms = now_ms;
