@@ -304,6 +304,19 @@ fn resync_warnings(volume: &VolumeRecord, state: &ClusterState) -> Vec<String> {
                         .nodes
                         .get(&replica.node)
                         .is_some_and(|record| record.state != NodeState::Online);
+                    let failed_pool = replica.pool.as_ref().filter(|pool| {
+                        state
+                            .nodes
+                            .get(&replica.node)
+                            .and_then(|record| record.pools.get(*pool))
+                            .is_some_and(|record| !record.online)
+                    });
+                    if let (Some(pool), false) = (failed_pool, offline) {
+                        return format!(
+                            "volume {}: the replica on {node} is outdated and its pool {pool} is offline (device errors): replace the disk and restart {node}, or move the replica (`trireme volume replica add {}`, then `trireme volume replica remove {} --node {node}`)",
+                            volume.name, volume.name, volume.name
+                        );
+                    }
                     let action = match (primaries.is_empty(), offline) {
                         (_, true) => format!(
                             "start {node} again, or replace the replica (`trireme volume replica add {}`, then `trireme volume replica remove {} --node {node}`)",

@@ -11,7 +11,10 @@ use super::{blocking, ApiDocument, ApiError, ApiState};
     responses((status = 200, description = "The node answers", body = HealthResponse)))]
 pub async fn health(State(state): State<ApiState>) -> Result<Json<HealthResponse>, ApiError> {
     let pools = blocking(&state.node, |node| node.pools()).await?;
-    let pools_online = pools.iter().filter(|pool| pool.info.is_some()).count();
+    let pools_online = pools
+        .iter()
+        .filter(|pool| pool.offline_reason.is_none())
+        .count();
     Ok(Json(HealthResponse {
         status: "ok".to_string(),
         pools_online,

@@ -227,7 +227,7 @@ fn pool_report(status: &PoolStatus) -> PoolReport {
             class: status.record.class,
             capacity_bytes,
             free_bytes,
-            online: status.info.is_some(),
+            online: status.offline_reason.is_none(),
             reported_ms: auth::now_ms(),
         },
     }

@@ -201,7 +201,13 @@ impl Node {
 
     fn status(record: &PoolRecord, slot: Option<&PoolSlot>) -> PoolStatus {
         let (info, offline_reason) = match slot {
-            Some(PoolSlot::Online(pool)) => (Some(pool.info()), None),
+            Some(PoolSlot::Online(pool)) => {
+                // Open but taken offline by an I/O error: every request
+                // fails until the node restarts it.
+                let info = pool.info();
+                let failed = info.failed.clone();
+                (Some(info), failed)
+            }
             Some(PoolSlot::Offline { reason }) => (None, Some(reason.clone())),
             None => (None, Some("not opened".to_string())),
         };
