@@ -362,3 +362,126 @@ fn a_cut_off_primary_cannot_complete_writes_and_the_majority_takes_over() {
         nodes[0].log_tail()
     );
 }
+
+/// fio inside `namespace`: 4k random writes over 64 MiB with crc32c
+/// verification, or (with `--verify_only`) only the reads that check
+/// what such a run wrote.
+fn fio_in(namespace: &str, uri: &str, extra: &[&str]) -> CmdOut {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", namespace, "fio"]);
+    c.args([
+        "--name=partition",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--size=64M",
+        "--iodepth=16",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--randrepeat=1",
+        "--verify_state_save=0",
+        "--output-format=terse",
+    ]);
+    c.args(extra);
+    exec(&mut c, Duration::from_secs(600))
+}
+
+#[test]
+fn a_cut_off_secondary_misses_writes_that_fio_verifies_and_is_resynced_after_healing() {
+    if !is_root() {
+        skip("network namespaces need root");
+        return;
+    }
+    if let Some(reason) = missing_tools(&["ip", "fio"]) {
+        skip(&reason);
+        return;
+    }
+    let network = Network::create(3);
+    let spec = |i: usize, join: Option<(String, String)>| NodeSpec {
+        name: Some(format!("n{i}")),
+        join,
+        ip: Some(network.address(i)),
+        netns: Some(network.namespace(i)),
+        args: Vec::new(),
+    };
+    let mut nodes = vec![TestNode::start_with(spec(1, None))];
+    let token = join_token(&nodes[0]);
+    for i in 2..=3 {
+        nodes.push(TestNode::start_with(spec(
+            i,
+            Some((nodes[0].api_address(), token.clone())),
+        )));
+    }
+    let settled = wait_until(Duration::from_secs(60), || {
+        let status = nodes[0].cli_json(&["status"]);
+        status["voters"].as_array().map(Vec::len) == Some(3) && status["nodes"]["online"] == 3
+    });
+    assert!(settled, "three voters never settled");
+    nodes[0].cli(&["volume", "create", "fv", "--size", "128M"]);
+    assert!(wait_until(Duration::from_secs(30), || in_sync_everywhere(
+        &nodes[0], "fv"
+    )));
+    nodes[0].cli(&["volume", "attach", "fv", "--node", "n1"]);
+    let uri = |i: usize| format!("nbd://{}:{}/fv", network.address(i), nodes[i - 1].nbd_port);
+    let served = wait_until(Duration::from_secs(30), || {
+        qemu_io_ok(&qemu_io_in(&network.namespace(1), &uri(1), &["read 0 4k"]))
+    });
+    assert!(served, "n1 never served fv\n{}", nodes[0].log_tail());
+
+    // fio writes and verifies on n1's side while n3 is cut off: n1 and n2
+    // are a quorum, so every write completes and reads back.
+    let namespace = network.namespace(1);
+    let n1 = uri(1);
+    let writer = std::thread::spawn(move || fio_in(&namespace, &n1, &[]));
+    std::thread::sleep(Duration::from_secs(1));
+    network.cut(3);
+    let out = writer.join().unwrap();
+    assert!(
+        out.success(),
+        "{}\n{}",
+        out.describe("fio while n3 is cut off"),
+        nodes[0].log_tail()
+    );
+    let outdated = wait_until(Duration::from_secs(30), || {
+        !in_sync_everywhere(&nodes[0], "fv")
+    });
+    assert!(outdated, "n3 is still listed up to date while cut off");
+
+    // Healed, n3 is resynced; served from n3, fio finds every block it
+    // wrote.
+    network.heal(3);
+    assert!(
+        wait_until(Duration::from_secs(120), || in_sync_everywhere(
+            &nodes[0], "fv"
+        )),
+        "n3 was not resynced after healing\n{}",
+        nodes[0].log_tail()
+    );
+    let copied = common::replicated::resynced_bytes(&nodes[0]);
+    assert!(
+        copied.last().is_some_and(|&bytes| bytes > 0),
+        "n3 missed no writes (the cut came after fio's writes): {copied:?}"
+    );
+    nodes[0].cli(&["volume", "detach", "fv", "--node", "n1"]);
+    let attached = wait_until(Duration::from_secs(60), || {
+        exec(
+            &mut nodes[0].cli_cmd(&["volume", "attach", "fv", "--node", "n3"]),
+            CLI_TIMEOUT,
+        )
+        .success()
+    });
+    assert!(attached, "fv could not be attached on n3 after healing");
+    let served = wait_until(Duration::from_secs(30), || {
+        qemu_io_ok(&qemu_io_in(&network.namespace(3), &uri(3), &["read 0 4k"]))
+    });
+    assert!(served, "n3 never served fv\n{}", nodes[2].log_tail());
+    let out = fio_in(&network.namespace(3), &uri(3), &["--verify_only"]);
+    assert!(
+        out.success(),
+        "{}\n{}",
+        out.describe("fio --verify_only on n3 after healing"),
+        nodes[2].log_tail()
+    );
+    drop(nodes);
+}

@@ -6,103 +6,9 @@
 
 mod common;
 
+use common::replicated::*;
 use common::*;
-use serde_json::Value;
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::Path;
 use std::time::Duration;
-
-const MIB: u64 = 1 << 20;
-
-fn spec(name: &str, join: Option<(String, String)>) -> NodeSpec {
-    NodeSpec {
-        name: Some(name.to_string()),
-        join,
-        ..NodeSpec::default()
-    }
-}
-
-/// Three nodes n1, n2, n3 in one cluster, settled.
-fn three_nodes() -> Vec<TestNode> {
-    let first = TestNode::start_with(spec("n1", None));
-    let token = join_token(&first);
-    let second = TestNode::start_with(spec("n2", Some((first.api_address(), token.clone()))));
-    let third = TestNode::start_with(spec("n3", Some((first.api_address(), token))));
-    let nodes = vec![first, second, third];
-    let settled = wait_until(Duration::from_secs(60), || {
-        let status = nodes[0].cli_json(&["status"]);
-        status["nodes"]["online"] == 3 && status["leader"].is_string()
-    });
-    assert!(settled, "cluster did not settle\n{}", nodes[0].log_tail());
-    nodes
-}
-
-fn show(node: &TestNode, volume: &str) -> Value {
-    node.cli_json(&["volume", "show", volume])
-}
-
-/// Waits until every diskful replica of `volume` is up to date.
-fn wait_in_sync(node: &TestNode, volume: &str, timeout: Duration) -> Value {
-    let mut last = Value::Null;
-    let synced = wait_until(timeout, || {
-        last = show(node, volume);
-        let replicas = last["replicas"].as_array().cloned().unwrap_or_default();
-        let diskful: Vec<&Value> = replicas
-            .iter()
-            .filter(|replica| replica["kind"] == "diskful")
-            .collect();
-        !diskful.is_empty() && diskful.iter().all(|replica| replica["in_sync"] == true)
-    });
-    assert!(synced, "replicas of {volume} did not get in sync: {last:#}");
-    last
-}
-
-fn attach(node: &TestNode, volume: &str, on: &str, extra: &[&str]) {
-    let mut args = vec!["volume", "attach", volume, "--node", on];
-    args.extend_from_slice(extra);
-    node.cli(&args);
-}
-
-/// Waits until `node` serves `volume` over NBD (its engine started).
-fn wait_served(node: &TestNode, volume: &str) {
-    let uri = node.uri(volume);
-    let served = wait_until(Duration::from_secs(30), || {
-        qemu_io_ok(&exec(
-            &mut qemu_io(&uri, &["read 0 4096"]),
-            Duration::from_secs(20),
-        ))
-    });
-    assert!(served, "{uri} is not served\n{}", node.log_tail());
-}
-
-fn qemu_io_all(uri: &str, commands: &[&str]) {
-    let out = exec(&mut qemu_io(uri, commands), Duration::from_secs(120));
-    assert!(
-        qemu_io_ok(&out),
-        "{}",
-        out.describe(&format!("qemu-io {commands:?} on {uri}"))
-    );
-}
-
-/// Bytes the primary's engine copied to bring replicas in sync, from its
-/// log line.
-fn resynced_bytes(primary: &TestNode) -> Vec<u64> {
-    let log = std::fs::read_to_string(primary.log_path()).unwrap_or_default();
-    log.lines()
-        .filter_map(|line| {
-            let rest = line.split("resync done: copied ").nth(1)?;
-            rest.split(' ').next()?.parse().ok()
-        })
-        .collect()
-}
-
-fn tools_or_skip(tools: &[&str]) -> bool {
-    if let Some(missing) = missing_tools(tools) {
-        skip(&missing);
-        return false;
-    }
-    true
-}
 
 #[test]
 fn a_killed_secondary_resyncs_only_what_it_missed_and_failover_keeps_every_write() {
@@ -227,20 +133,6 @@ fn fio_verify_survives_a_secondary_kill_and_a_failover() {
         "{}",
         out.describe("fio --verify_only after failover")
     );
-}
-
-fn flip_byte(path: &Path, offset: u64) {
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    file.seek(SeekFrom::Start(offset)).unwrap();
-    let mut byte = [0u8; 1];
-    file.read_exact(&mut byte).unwrap();
-    file.seek(SeekFrom::Start(offset)).unwrap();
-    file.write_all(&[byte[0] ^ 0x40]).unwrap();
-    file.sync_all().unwrap();
 }
 
 #[test]

@@ -8,63 +8,12 @@
 
 mod common;
 
+use common::replicated::*;
 use common::*;
 use serde_json::Value;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::time::Duration;
-
-fn spec(name: &str, join: Option<(String, String)>) -> NodeSpec {
-    NodeSpec {
-        name: Some(name.to_string()),
-        join,
-        ..NodeSpec::default()
-    }
-}
-
-fn three_nodes() -> Vec<TestNode> {
-    let first = TestNode::start_with(spec("n1", None));
-    let token = join_token(&first);
-    let second = TestNode::start_with(spec("n2", Some((first.api_address(), token.clone()))));
-    let third = TestNode::start_with(spec("n3", Some((first.api_address(), token))));
-    let nodes = vec![first, second, third];
-    let settled = wait_until(Duration::from_secs(60), || {
-        let status = nodes[0].cli_json(&["status"]);
-        status["nodes"]["online"] == 3 && status["leader"].is_string()
-    });
-    assert!(settled, "cluster did not settle\n{}", nodes[0].log_tail());
-    nodes
-}
-
-fn in_sync(node: &TestNode, volume: &str) -> bool {
-    let shown = node.cli_json(&["volume", "show", volume]);
-    shown["replicas"].as_array().is_some_and(|replicas| {
-        replicas
-            .iter()
-            .filter(|replica| replica["kind"] == "diskful")
-            .all(|replica| replica["in_sync"] == true)
-    })
-}
-
-fn qemu_io_all(uri: &str, commands: &[&str]) {
-    let out = exec(&mut qemu_io(uri, commands), Duration::from_secs(120));
-    assert!(
-        qemu_io_ok(&out),
-        "{}",
-        out.describe(&format!("qemu-io {commands:?} on {uri}"))
-    );
-}
-
-fn wait_served(node: &TestNode, volume: &str) {
-    let uri = node.uri(volume);
-    let served = wait_until(Duration::from_secs(30), || {
-        qemu_io_ok(&exec(
-            &mut qemu_io(&uri, &["read 0 4096"]),
-            Duration::from_secs(20),
-        ))
-    });
-    assert!(served, "{uri} is not served\n{}", node.log_tail());
-}
 
 fn read_u64_at(file: &mut std::fs::File, offset: u64) -> u64 {
     let mut bytes = [0u8; 8];

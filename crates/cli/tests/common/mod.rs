@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod nbd_client;
+pub mod replicated;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
