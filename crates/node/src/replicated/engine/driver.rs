@@ -1,0 +1,594 @@
+//! The engine's state around the [`Primary`]: its links, the client
+//! requests waiting for completion, and how each action is carried out.
+//! Everything here runs under the engine's lock ([`super::Core`]) and never
+//! blocks: socket writes are non-blocking, slow work goes to tasks.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use trireme_control::{Command, CommandError, SyncProgress as ControlProgress};
+use trireme_replication::{
+    Action, ClientError, FromReplica, Primary, Proposal, ProposalResult, VerifyState,
+};
+use trireme_store::Volume;
+use trireme_types::{Generation, NodeId, VolumeName};
+
+use super::super::local::{LocalLink, LocalOutcome};
+use super::super::serve::ReplicaService;
+use super::remote::RemoteLink;
+use super::tasks::PersistJob;
+use super::{Core, Input, Reply};
+use crate::cluster::{auth, Cluster, ClusterError};
+
+/// Wait before reconnecting a link that failed or closed.
+const RECONNECT_DELAY: Duration = Duration::from_millis(500);
+/// A link that keeps failing (a node down, a replica not created yet) is
+/// retried ever less often, up to this.
+const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(4);
+/// Inputs and actions carried out in one round before the driver lets go
+/// of its lock; a stop that never comes is a bug, not a hang.
+const ROUND_LIMIT: usize = 1_000_000;
+
+/// Where a link's messages go: a peer's socket, or this node's own copy,
+/// in-process.
+pub(crate) enum LinkSender {
+    Remote(RemoteLink),
+    Local(LocalLink),
+}
+
+struct LinkSlot {
+    epoch: u64,
+    sender: Option<LinkSender>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl LinkSlot {
+    fn close(&mut self) {
+        if let Some(LinkSender::Remote(remote)) = self.sender.take() {
+            remote.close();
+        }
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+    }
+}
+
+pub(super) struct DriverStart {
+    pub primary: Primary,
+    pub me: NodeId,
+    pub volume: VolumeName,
+    pub generation: Generation,
+    pub cluster: Arc<Cluster>,
+    pub replicas: Arc<ReplicaService>,
+    pub local: Option<Arc<Volume>>,
+    pub core: Weak<Core>,
+    pub persister: mpsc::UnboundedSender<PersistJob>,
+    pub local_readable: Arc<AtomicBool>,
+    pub started: Instant,
+}
+
+pub(super) struct Driver {
+    pub primary: Primary,
+    me: NodeId,
+    pub volume: VolumeName,
+    pub generation: Generation,
+    cluster: Arc<Cluster>,
+    replicas: Arc<ReplicaService>,
+    local: Option<Arc<Volume>>,
+    core: Weak<Core>,
+    links: BTreeMap<NodeId, LinkSlot>,
+    /// Frames for remote links produced in this round, written to their
+    /// sockets at its end (one write per link serves many messages).
+    staged: BTreeMap<NodeId, Vec<u8>>,
+    /// Inputs that arose while the lock was held (a link coming up
+    /// in-process): handled in the same round.
+    queued: VecDeque<Input>,
+    ops: BTreeMap<u64, Reply>,
+    next_op: u64,
+    persister: mpsc::UnboundedSender<PersistJob>,
+    local_readable: Arc<AtomicBool>,
+    started: Instant,
+    /// The engine stopped: inputs go to its task from now on.
+    pub stopping: bool,
+    /// MarkInSync proposals in flight: id → node.
+    joining: BTreeMap<u64, NodeId>,
+    /// The next reconnect delay per peer: doubled on each failure, reset
+    /// when a link comes up.
+    reconnect_delays: BTreeMap<NodeId, Duration>,
+    /// The end of the last verify already logged.
+    verify_logged: Option<u64>,
+    /// Counters already logged.
+    logged: trireme_replication::primary::Counters,
+}
+
+impl Driver {
+    pub fn new(start: DriverStart) -> Driver {
+        Driver {
+            primary: start.primary,
+            me: start.me,
+            volume: start.volume,
+            generation: start.generation,
+            cluster: start.cluster,
+            replicas: start.replicas,
+            local: start.local,
+            core: start.core,
+            links: BTreeMap::new(),
+            staged: BTreeMap::new(),
+            queued: VecDeque::new(),
+            ops: BTreeMap::new(),
+            next_op: 1,
+            persister: start.persister,
+            local_readable: start.local_readable,
+            started: start.started,
+            stopping: false,
+            joining: BTreeMap::new(),
+            reconnect_delays: BTreeMap::new(),
+            verify_logged: None,
+            logged: Default::default(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    pub fn handle(&mut self, input: Input) {
+        let now = self.now();
+        match input {
+            Input::Client(request, reply) => {
+                let op = self.next_op;
+                self.next_op += 1;
+                self.ops.insert(op, reply);
+                self.primary.client(op, request, now);
+            }
+            Input::Messages(node, epoch, messages) => {
+                if self.current(node, epoch) {
+                    for message in messages {
+                        self.primary.message(node, message, now);
+                    }
+                }
+            }
+            Input::LinkUp(node, epoch, sender) => match self.links.get_mut(&node) {
+                Some(slot) if slot.epoch == epoch => {
+                    slot.sender = Some(sender);
+                    self.reconnect_delays.remove(&node);
+                    self.primary.link_up(node, now);
+                }
+                _ => {
+                    if let LinkSender::Remote(remote) = sender {
+                        remote.close();
+                    }
+                }
+            },
+            Input::LinkDown(node, epoch) => {
+                if self.current(node, epoch) {
+                    let slot = self.links.get_mut(&node).expect("current");
+                    slot.close();
+                    self.staged.remove(&node);
+                    self.primary.link_down(node, now);
+                    self.schedule_reconnect(node, epoch);
+                }
+            }
+            Input::Reconnect(node, epoch) => {
+                if self.current(node, epoch) {
+                    self.connect(node);
+                }
+            }
+            Input::View(record) => match record {
+                None => self.primary.stop("the volume was deleted".into()),
+                Some(record) if record.deleting => {
+                    self.primary.stop("the volume is being deleted".into())
+                }
+                Some(record) => {
+                    let view = super::view_of(&record);
+                    if view.generation == self.primary.generation()
+                        && !view.primaries.contains(&self.me)
+                    {
+                        self.primary.detach(now);
+                    } else {
+                        self.primary.view(view, now);
+                    }
+                }
+            },
+            Input::ResyncRate(rate) => {
+                if rate != self.primary.resync_rate() {
+                    tracing::info!(volume = %self.volume, rate_bytes_per_sec = rate, "resync rate changed");
+                    self.primary.set_resync_rate(rate);
+                }
+            }
+            Input::Shutdown => self.primary.detach(now),
+            Input::StartVerify(sender) => {
+                let result = self
+                    .primary
+                    .start_verify(now)
+                    .map(|()| self.primary.verify_report().cloned().expect("started"));
+                if result.is_ok() {
+                    tracing::info!(volume = %self.volume, "verify started");
+                }
+                let _ = sender.send(result);
+            }
+            Input::VerifyStatus(sender) => {
+                let _ = sender.send(self.primary.verify_report().cloned());
+            }
+            Input::Persisted(token) => self.primary.persisted(token, now),
+            Input::Proposal(id, result) => {
+                if let Some(node) = self.joining.remove(&id) {
+                    if result == ProposalResult::Committed {
+                        let total = self.primary.counters.resynced_bytes;
+                        tracing::info!(
+                            volume = %self.volume,
+                            %node,
+                            "resync done: copied {} bytes; the replica is in sync",
+                            total - self.logged.resynced_bytes
+                        );
+                        self.logged.resynced_bytes = total;
+                    }
+                }
+                self.primary.proposal_result(id, result, now)
+            }
+            Input::Tick => self.primary.tick(now),
+        }
+    }
+
+    fn current(&self, node: NodeId, epoch: u64) -> bool {
+        self.links
+            .get(&node)
+            .is_some_and(|slot| slot.epoch == epoch)
+    }
+
+    fn schedule_reconnect(&mut self, node: NodeId, epoch: u64) {
+        let delay = self
+            .reconnect_delays
+            .get(&node)
+            .copied()
+            .unwrap_or(RECONNECT_DELAY);
+        self.reconnect_delays
+            .insert(node, (delay * 2).min(RECONNECT_DELAY_MAX));
+        let core = self.core.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Some(core) = core.upgrade() {
+                core.deliver(Input::Reconnect(node, epoch));
+            }
+        });
+    }
+
+    /// Carries out the engine's actions, and the inputs they gave rise to,
+    /// until there are none; then writes the frames they produced.
+    pub fn execute(&mut self) {
+        for _ in 0..ROUND_LIMIT {
+            let actions = self.primary.take_actions();
+            if !actions.is_empty() {
+                for action in actions {
+                    self.act(action);
+                }
+                continue;
+            }
+            if let Some(input) = self.queued.pop_front() {
+                self.handle(input);
+                continue;
+            }
+            self.write_staged();
+            if self.queued.is_empty() {
+                self.log_counters();
+                return;
+            }
+        }
+        panic!(
+            "volume {}: the engine's actions did not settle within {ROUND_LIMIT} rounds",
+            self.volume
+        );
+    }
+
+    fn write_staged(&mut self) {
+        for (node, frames) in std::mem::take(&mut self.staged) {
+            if let Some(slot) = self.links.get(&node) {
+                if let Some(LinkSender::Remote(remote)) = &slot.sender {
+                    // A broken socket: its flusher reports the link down
+                    // too, but the engine need not wait for that.
+                    if remote.send(frames).is_err() {
+                        self.queued.push_back(Input::LinkDown(node, slot.epoch));
+                    }
+                }
+            }
+        }
+    }
+
+    fn log_counters(&mut self) {
+        let repaired = self.primary.counters.repaired_blocks;
+        if repaired > self.logged.repaired_blocks {
+            tracing::warn!(
+                volume = %self.volume,
+                "repaired {} blocks that failed their checksum, from a peer's copy",
+                repaired - self.logged.repaired_blocks
+            );
+            self.logged.repaired_blocks = repaired;
+        }
+        self.log_verify_end();
+    }
+
+    /// One line when a verify ends, with what it found.
+    fn log_verify_end(&mut self) {
+        let Some(report) = self.primary.verify_report() else {
+            return;
+        };
+        if report.finished_ms == 0 || self.verify_logged == Some(report.finished_ms) {
+            return;
+        }
+        self.verify_logged = Some(report.finished_ms);
+        let repaired: u64 = report.repaired.values().sum();
+        match &report.state {
+            VerifyState::Aborted(reason) => {
+                tracing::warn!(volume = %self.volume, %reason, "verify stopped before the end");
+            }
+            _ if report.differing_blocks == 0 && report.skipped_bytes == 0 => {
+                tracing::info!(volume = %self.volume, checked_bytes = report.checked_bytes, "verify done: every replica is identical");
+            }
+            _ => tracing::warn!(
+                volume = %self.volume,
+                differing_blocks = report.differing_blocks,
+                rewritten_blocks = repaired,
+                no_majority_blocks = report.no_majority_blocks,
+                unrecoverable_blocks = report.unrecoverable_blocks,
+                skipped_bytes = report.skipped_bytes,
+                "verify done: replicas differed"
+            ),
+        }
+    }
+
+    fn act(&mut self, action: Action) {
+        match action {
+            Action::Connect { to } => self.connect(to),
+            Action::Send { to, message } => {
+                match self.links.get(&to).and_then(|slot| slot.sender.as_ref()) {
+                    Some(LinkSender::Remote(_)) => {
+                        let frames = self.staged.entry(to).or_default();
+                        super::super::wire::push_frame(frames, |body| message.encode(body));
+                    }
+                    Some(LinkSender::Local(local)) => {
+                        if let Some((reply, close)) = local.send(message) {
+                            self.local_outcome(to, reply, close);
+                        }
+                    }
+                    None => {}
+                }
+            }
+            Action::Reset { to } => {
+                if let Some(slot) = self.links.get_mut(&to) {
+                    slot.close();
+                    slot.epoch += 1;
+                    let epoch = slot.epoch;
+                    self.staged.remove(&to);
+                    let now = self.now();
+                    self.primary.link_down(to, now);
+                    self.schedule_reconnect(to, epoch);
+                }
+            }
+            Action::Complete { op, result } => {
+                if let Some(reply) = self.ops.remove(&op) {
+                    reply.send(result);
+                }
+            }
+            Action::Propose { id, proposal } => {
+                if let Proposal::MarkInSync { node } = proposal {
+                    self.joining.insert(id, node);
+                }
+                self.propose(id, proposal)
+            }
+            Action::PersistDirty { token, peer, map } => {
+                let _ = self.persister.send(PersistJob {
+                    token: Some(token),
+                    peer,
+                    map: Some(map),
+                });
+            }
+            Action::ForgetDirty { peer } => {
+                let _ = self.persister.send(PersistJob {
+                    token: None,
+                    peer,
+                    map: None,
+                });
+            }
+            Action::LocalReadable(readable) => {
+                self.local_readable.store(readable, Ordering::Release);
+            }
+            Action::Stopped { reason } => {
+                tracing::info!(volume = %self.volume, %reason, "primary engine stops");
+            }
+            Action::SnapshotDone { snapshot, result } => {
+                tracing::info!(volume = %self.volume, %snapshot, ?result, "snapshot barrier done");
+            }
+        }
+    }
+
+    /// The local link carried a message out at once: its reply goes to the
+    /// engine now, and a refusal closes the link like a reset.
+    fn local_outcome(&mut self, to: NodeId, reply: Option<FromReplica>, close: bool) {
+        let now = self.now();
+        if let Some(reply) = reply {
+            self.primary.message(to, reply, now);
+        }
+        if close {
+            if let Some(slot) = self.links.get_mut(&to) {
+                slot.close();
+                slot.epoch += 1;
+                let epoch = slot.epoch;
+                self.primary.link_down(to, now);
+                self.schedule_reconnect(to, epoch);
+            }
+        }
+    }
+
+    fn connect(&mut self, to: NodeId) {
+        let slot = self.links.entry(to).or_insert(LinkSlot {
+            epoch: 0,
+            sender: None,
+            tasks: Vec::new(),
+        });
+        slot.close();
+        slot.epoch += 1;
+        let epoch = slot.epoch;
+        self.staged.remove(&to);
+        let volume = self.volume.clone();
+        if to == self.me {
+            // This node's copy (or its tiebreaker vote), in-process. Its
+            // worker delivers what it carried out later, from its thread.
+            let core = self.core.clone();
+            let deliver = move |outcome: LocalOutcome| {
+                let input = match outcome {
+                    Some((Some(reply), _)) => Input::Messages(to, epoch, vec![reply]),
+                    Some((None, false)) => return,
+                    Some((None, true)) | None => Input::LinkDown(to, epoch),
+                };
+                if let Some(core) = core.upgrade() {
+                    core.deliver(input);
+                }
+            };
+            match LocalLink::open(self.replicas.clone(), volume, self.local.clone(), deliver) {
+                Ok(local) => {
+                    self.queued
+                        .push_back(Input::LinkUp(to, epoch, LinkSender::Local(local)))
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot open the local data link");
+                    self.queued.push_back(Input::LinkDown(to, epoch));
+                }
+            }
+            return;
+        }
+        let address = self
+            .cluster
+            .state
+            .read()
+            .nodes
+            .get(&to)
+            .and_then(|node| node.data_address.clone());
+        let secret = self.cluster.identity.secret_bytes();
+        let task = super::remote::spawn_connect(super::remote::Connect {
+            to,
+            epoch,
+            me: self.me,
+            volume,
+            address,
+            secret,
+            core: self.core.clone(),
+        });
+        self.links.get_mut(&to).expect("inserted").tasks = vec![task];
+    }
+
+    /// The remote link of `node` at `epoch` is open: its tasks are kept
+    /// with the slot (and aborted when it closes).
+    pub fn adopt_tasks(&mut self, node: NodeId, epoch: u64, tasks: Vec<JoinHandle<()>>) -> bool {
+        match self.links.get_mut(&node) {
+            Some(slot) if slot.epoch == epoch => {
+                slot.tasks.extend(tasks);
+                true
+            }
+            _ => {
+                for task in tasks {
+                    task.abort();
+                }
+                false
+            }
+        }
+    }
+
+    fn propose(&self, id: u64, proposal: Proposal) {
+        let name = self.volume.clone();
+        let generation = self.primary.generation();
+        let me = self.me;
+        let (command, wants_result) = match proposal {
+            Proposal::MarkOutdated { node } => (
+                Command::MarkOutdated {
+                    name,
+                    generation,
+                    node,
+                    by: me,
+                },
+                true,
+            ),
+            Proposal::MarkInSync { node } => (
+                Command::MarkInSync {
+                    name,
+                    generation,
+                    node,
+                    by: me,
+                },
+                true,
+            ),
+            Proposal::Progress { node, progress } => (
+                Command::ReportSync {
+                    name,
+                    node,
+                    progress: progress.map(|p| ControlProgress {
+                        done_bytes: p.done_bytes,
+                        total_bytes: p.total_bytes,
+                        rate_bytes_per_sec: p.rate_bytes_per_sec,
+                        reported_ms: auth::now_ms(),
+                    }),
+                },
+                false,
+            ),
+        };
+        let cluster = self.cluster.clone();
+        let core = self.core.clone();
+        tokio::spawn(async move {
+            let result = cluster.write(command).await;
+            if !wants_result {
+                return;
+            }
+            let result = match result {
+                Ok(_) => ProposalResult::Committed,
+                Err(ClusterError::Refused(
+                    CommandError::StaleGeneration { .. } | CommandError::NotPrimary { .. },
+                )) => ProposalResult::Stale,
+                Err(ClusterError::Refused(error)) => ProposalResult::Refused(error.to_string()),
+                Err(error) => {
+                    tracing::warn!(%error, "a replication proposal found no leader; retrying");
+                    ProposalResult::Unavailable
+                }
+            };
+            if let Some(core) = core.upgrade() {
+                core.deliver(Input::Proposal(id, result));
+            }
+        });
+    }
+
+    /// Every client request waiting fails: the engine stopped.
+    pub fn fail_ops(&mut self) {
+        for (_, reply) in std::mem::take(&mut self.ops) {
+            reply.send(Err(ClientError::ShuttingDown));
+        }
+    }
+
+    /// Lets every open link deliver what is queued and end; returns the
+    /// links whose end is awaited.
+    pub fn close_senders(&mut self) -> BTreeSet<(NodeId, u64)> {
+        self.write_staged();
+        let mut open = BTreeSet::new();
+        for (&node, slot) in self.links.iter_mut() {
+            match slot.sender.take() {
+                Some(LinkSender::Remote(remote)) => {
+                    remote.finish();
+                    open.insert((node, slot.epoch));
+                }
+                Some(LinkSender::Local(local)) => {
+                    // Its worker ends once it has done what it was given.
+                    drop(local);
+                    open.insert((node, slot.epoch));
+                }
+                None => {}
+            }
+        }
+        open
+    }
+
+    pub fn close_links(&mut self) {
+        for (_, slot) in self.links.iter_mut() {
+            slot.close();
+        }
+    }
+}

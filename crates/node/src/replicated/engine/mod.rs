@@ -1,0 +1,340 @@
+//! Runs a [`Primary`] under tokio for one attached volume: feeds it events
+//! (client requests, replies from the links, control-plane views, ticks)
+//! and carries out its actions (link traffic, persisting dirty maps,
+//! control-plane proposals, completions).
+//!
+//! Whoever has an event hands it to the engine at once, under its lock:
+//! the NBD server's task with a client request, a link's reader task with
+//! a replica's acknowledgements, the local link's worker with a flush's.
+//! The actions that follow are carried out on the same thread, and frames
+//! for the replicas go straight into their sockets (a non-blocking write;
+//! what the socket does not take waits for the link's flusher task). So a
+//! replicated write costs no thread switch on the primary between the
+//! client's request and the replicas' sockets, nor between the last
+//! acknowledgement and the client's completion; the only switches left
+//! are the network's. The engine's own task ticks its clock, and takes
+//! over the inputs once the engine stops.
+//!
+//! Modules: `driver` (the engine's state and its actions), `remote` (links
+//! to other nodes: connect, read, write), `tasks` (dirty-map persistence,
+//! the control-plane watch). Links to this node's own copy are in-process
+//! ([`super::local::LocalLink`]), running the same replica code as remote
+//! ones. A link has an epoch; anything from an older epoch is ignored, so
+//! a message of a closed link is never mistaken for one of its successor.
+
+mod driver;
+mod remote;
+mod tasks;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use trireme_control::{QuorumPolicy, ReplicaKind, VolumeRecord};
+use trireme_replication::{
+    ClientError, ClientRequest, Completion, Config, DirtyMap, FromReplica, NoQuorumPolicy, Primary,
+    ProposalResult, VerifyReport, View,
+};
+use trireme_store::Volume;
+use trireme_types::{Generation, NodeId, VolumeName};
+
+use super::serve::ReplicaService;
+use super::ReplicationMeta;
+use crate::cluster::Cluster;
+use driver::Driver;
+
+/// How often the engine's clock ticks (timeouts, resync pacing, progress).
+const TICK: Duration = Duration::from_millis(100);
+/// How long a stopping engine's links get to deliver what is queued (the
+/// goodbyes of a clean detach).
+const GOODBYE_GRACE: Duration = Duration::from_secs(2);
+
+/// Where a client request's outcome goes.
+pub(crate) enum Reply {
+    /// A caller blocked on a thread waits for it.
+    Waiting(oneshot::Sender<Result<Completion, ClientError>>),
+    /// Called under the engine's lock (it must not block, nor call the
+    /// engine): the NBD server's completion, which queues the reply to its
+    /// connection.
+    Callback(Box<dyn FnOnce(Result<Completion, ClientError>) + Send>),
+}
+
+impl Reply {
+    fn send(self, result: Result<Completion, ClientError>) {
+        match self {
+            Reply::Waiting(sender) => {
+                let _ = sender.send(result);
+            }
+            Reply::Callback(callback) => callback(result),
+        }
+    }
+}
+
+pub(crate) enum Input {
+    Client(ClientRequest, Reply),
+    /// Replies from a link, in the order it received them.
+    Messages(NodeId, u64, Vec<FromReplica>),
+    LinkUp(NodeId, u64, driver::LinkSender),
+    LinkDown(NodeId, u64),
+    Reconnect(NodeId, u64),
+    View(Option<VolumeRecord>),
+    /// The cluster's resync rate changed (bytes per second).
+    ResyncRate(u64),
+    /// Start a `verify` (or join the running one); answers its report.
+    StartVerify(oneshot::Sender<Result<VerifyReport, String>>),
+    /// The running or last verify's report.
+    VerifyStatus(oneshot::Sender<Option<VerifyReport>>),
+    /// The node stops: detach cleanly (final flush, goodbye), so that the
+    /// copies need no reconciliation or resync when it comes back.
+    Shutdown,
+    Persisted(u64),
+    Proposal(u64, ProposalResult),
+    Tick,
+}
+
+/// The engine as every thread that feeds it sees it.
+pub(crate) struct Core {
+    driver: Mutex<Driver>,
+    /// Once the engine has stopped, inputs go to its task instead (it
+    /// waits for the links' goodbyes, then answers late requests).
+    stopped_inputs: mpsc::UnboundedSender<Input>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Core {
+    fn lock(&self) -> MutexGuard<'_, Driver> {
+        self.driver.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Hands `input` to the engine and carries out what follows, on this
+    /// thread. Never blocks on I/O; must not be called under the lock.
+    pub(crate) fn deliver(&self, input: Input) {
+        // Actions spawn tasks and write to sockets: the node's runtime,
+        // whichever thread this is (a store worker, the dirty-map thread).
+        let _runtime = self.runtime.enter();
+        let mut driver = self.lock();
+        if driver.stopping {
+            drop(driver);
+            if let Err(refused) = self.stopped_inputs.send(input) {
+                if let Input::Client(_, reply) = refused.0 {
+                    reply.send(Err(ClientError::ShuttingDown));
+                }
+            }
+            return;
+        }
+        driver.handle(input);
+        driver.execute();
+        if driver.primary.is_stopped() {
+            driver.stopping = true;
+            drop(driver);
+            // Wakes the task for the stop sequence.
+            let _ = self.stopped_inputs.send(Input::Tick);
+        }
+    }
+}
+
+/// What the rest of the node holds of a running engine.
+pub struct EngineHandle {
+    pub volume: VolumeName,
+    pub generation: Generation,
+    pub size_bytes: u64,
+    core: Arc<Core>,
+    /// This node's copy, when it holds one.
+    pub(crate) local: Option<Arc<Volume>>,
+    /// Reads may go straight to `local` (it is up to date and linked).
+    pub(crate) local_readable: Arc<AtomicBool>,
+    stopped: Arc<AtomicBool>,
+}
+
+impl EngineHandle {
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// Starts a clean detach for the node's shutdown; `is_stopped` turns
+    /// true once every replica has been flushed and told goodbye.
+    pub fn shut_down(&self) {
+        self.core.deliver(Input::Shutdown);
+    }
+
+    /// Starts comparing the volume's up-to-date replicas (see
+    /// `trireme_replication::primary::verify`), or joins the running verify.
+    pub async fn start_verify(&self) -> Result<VerifyReport, String> {
+        let (sender, receiver) = oneshot::channel();
+        self.core.deliver(Input::StartVerify(sender));
+        receiver
+            .await
+            .unwrap_or_else(|_| Err("the volume's engine stopped".into()))
+    }
+
+    /// The running or last verify's report, if any ran.
+    pub async fn verify_report(&self) -> Result<Option<VerifyReport>, String> {
+        let (sender, receiver) = oneshot::channel();
+        self.core.deliver(Input::VerifyStatus(sender));
+        receiver
+            .await
+            .map_err(|_| "the volume's engine stopped".to_string())
+    }
+
+    /// Hands one request to the engine; `done` runs (under the engine's
+    /// lock, so it must not block) when it completes, or at once with
+    /// `ShuttingDown` if the engine is gone.
+    pub fn submit(
+        &self,
+        request: ClientRequest,
+        done: Box<dyn FnOnce(Result<Completion, ClientError>) + Send>,
+    ) {
+        self.core
+            .deliver(Input::Client(request, Reply::Callback(done)));
+    }
+
+    /// Runs one request through the engine and waits for it (blocking: the
+    /// NBD server calls targets on its I/O threads).
+    pub fn call(&self, request: ClientRequest) -> Result<Completion, ClientError> {
+        let (sender, receiver) = oneshot::channel();
+        self.core
+            .deliver(Input::Client(request, Reply::Waiting(sender)));
+        receiver
+            .blocking_recv()
+            .unwrap_or(Err(ClientError::ShuttingDown))
+    }
+}
+
+pub(crate) struct EngineStart {
+    pub cluster: Arc<Cluster>,
+    pub replicas: Arc<ReplicaService>,
+    pub meta: Arc<ReplicationMeta>,
+    pub record: VolumeRecord,
+    pub policy: QuorumPolicy,
+    pub resync_rate: u64,
+    pub local: Option<Arc<Volume>>,
+}
+
+/// The control plane's record as the engine's view.
+pub(crate) fn view_of(record: &VolumeRecord) -> View {
+    View {
+        generation: record.generation,
+        primaries: record.primaries.iter().map(|p| p.node).collect(),
+        diskful: record.diskful().map(|r| r.node).collect(),
+        tiebreakers: record
+            .replicas
+            .iter()
+            .filter(|r| r.kind == ReplicaKind::Tiebreaker)
+            .map(|r| r.node)
+            .collect(),
+        in_sync: record.in_sync.clone(),
+    }
+}
+
+/// Starts the engine of an attached volume (on the node's runtime).
+pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::NodeError> {
+    let me = start.cluster.node_id();
+    let record = start.record;
+    let dirty_maps: BTreeMap<NodeId, DirtyMap> = start.meta.dirty_maps(&record.name)?;
+    let config = Config {
+        me,
+        size_bytes: record.size_bytes,
+        view: view_of(&record),
+        policy: match start.policy {
+            QuorumPolicy::IoError => NoQuorumPolicy::IoError,
+            QuorumPolicy::Suspend => NoQuorumPolicy::Suspend,
+        },
+        resync_rate: start.resync_rate,
+        dirty_maps,
+    };
+    let runtime = tokio::runtime::Handle::current();
+    let primary = Primary::new(config, 0);
+    let (stopped_inputs, receiver) = mpsc::unbounded_channel();
+    let local_readable = Arc::new(AtomicBool::new(false));
+    let stopped = Arc::new(AtomicBool::new(false));
+    let core = Arc::new_cyclic(|core: &std::sync::Weak<Core>| Core {
+        driver: Mutex::new(Driver::new(driver::DriverStart {
+            primary,
+            me,
+            volume: record.name.clone(),
+            generation: record.generation,
+            cluster: start.cluster.clone(),
+            replicas: start.replicas,
+            local: start.local.clone(),
+            core: core.clone(),
+            persister: tasks::spawn_persister(
+                start.meta.clone(),
+                record.name.clone(),
+                core.clone(),
+            ),
+            local_readable: local_readable.clone(),
+            started: Instant::now(),
+        })),
+        stopped_inputs,
+        runtime,
+    });
+    let handle = Arc::new(EngineHandle {
+        volume: record.name.clone(),
+        generation: record.generation,
+        size_bytes: record.size_bytes,
+        core: core.clone(),
+        local: start.local,
+        local_readable: local_readable.clone(),
+        stopped: stopped.clone(),
+    });
+    tasks::spawn_view_watch(start.cluster, record.name.clone(), Arc::downgrade(&core));
+    tracing::info!(volume = %record.name, generation = %record.generation, "primary engine starting");
+    tokio::spawn(run(core, receiver, local_readable, stopped));
+    Ok(handle)
+}
+
+/// The engine's task: its clock while it runs, then the stop sequence.
+async fn run(
+    core: Arc<Core>,
+    mut receiver: mpsc::UnboundedReceiver<Input>,
+    local_readable: Arc<AtomicBool>,
+    stopped: Arc<AtomicBool>,
+) {
+    core.lock().execute();
+    let mut ticker = tokio::time::interval(TICK);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => core.deliver(Input::Tick),
+            // Only a stopping engine sends here.
+            _ = receiver.recv() => {}
+        }
+        if core.lock().stopping {
+            break;
+        }
+    }
+    local_readable.store(false, Ordering::Release);
+    let (volume, generation, mut open) = {
+        let mut driver = core.lock();
+        driver.fail_ops();
+        // Flushers send what is queued (a detach's goodbyes) and then end,
+        // each reporting its link down; a peer that does not take it
+        // within the grace is cut.
+        let open = driver.close_senders();
+        (driver.volume.clone(), driver.generation, open)
+    };
+    let deadline = tokio::time::Instant::now() + GOODBYE_GRACE;
+    while !open.is_empty() {
+        match tokio::time::timeout_at(deadline, receiver.recv()).await {
+            Ok(Some(Input::LinkDown(node, epoch))) => {
+                open.remove(&(node, epoch));
+            }
+            Ok(Some(Input::Client(_, reply))) => {
+                reply.send(Err(ClientError::ShuttingDown));
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    core.lock().close_links();
+    stopped.store(true, Ordering::Release);
+    // Requests that raced with the stop.
+    receiver.close();
+    while let Ok(input) = receiver.try_recv() {
+        if let Input::Client(_, reply) = input {
+            reply.send(Err(ClientError::ShuttingDown));
+        }
+    }
+    tracing::info!(volume = %volume, generation = %generation, "primary engine stopped");
+}
