@@ -46,6 +46,8 @@ struct Replica {
     hold: bool,
     held: VecDeque<(LinkId, FromReplica)>,
     io_error: bool,
+    /// Only writes fail (a bad sector): flushes succeed.
+    write_error: bool,
     corrupt: BTreeSet<u64>,
 }
 
@@ -64,6 +66,7 @@ impl Replica {
             hold: false,
             held: VecDeque::new(),
             io_error: false,
+            write_error: false,
             corrupt: BTreeSet::new(),
         }
     }
@@ -374,7 +377,7 @@ impl World {
                         fua,
                         ..
                     } => {
-                        let result = if replica.io_error {
+                        let result = if replica.io_error || replica.write_error {
                             Err(ReplicaError::Io("device".into()))
                         } else {
                             let range = offset as usize..(offset + payload.length()) as usize;
@@ -1132,5 +1135,43 @@ fn a_reconcile_copy_waits_for_a_source() {
     world.drop_link(ME);
     world.replicas.get_mut(&ME).unwrap().hold = false;
     world.tick(2_000);
+    assert!(world.engine.is_serving());
+}
+
+/// A reconcile copy that its only target could not apply (a disk error)
+/// counted as failed everywhere, like a client write nobody applied; but a
+/// copy's source holds it, so the target stayed up to date without the
+/// region (found by the simulator with snapshots: seed 5720).
+#[test]
+fn a_member_that_fails_a_reconcile_copy_is_outdated() {
+    let mut replicas = replicas_at(2);
+    let write = ToReplica::Write {
+        seq: 9,
+        offset: 2 << 20,
+        payload: Payload::Zeroes {
+            length: 4096,
+            trim: false,
+        },
+        fua: false,
+        settled: 9,
+    };
+    for replica in replicas.values_mut() {
+        replica.side.on_hello(100, Generation(2), NodeId(2));
+        replica.side.admit(100, &write).unwrap();
+        replica.side.link_closed(100);
+    }
+    // Only our own copy (the source) and node 2 are up to date, and node
+    // 2's disk fails every write (but not its flushes).
+    replicas.get_mut(&NodeId(2)).unwrap().write_error = true;
+    let mut world = World::with_replicas(view(3, &[1, 2]), BTreeMap::new(), replicas);
+    world.tick(1_000);
+    assert!(
+        world
+            .proposed
+            .contains(&Proposal::MarkOutdated { node: NodeId(2) }),
+        "{:?}",
+        world.proposed
+    );
+    assert!(!world.view.in_sync.contains(&NodeId(2)));
     assert!(world.engine.is_serving());
 }

@@ -79,7 +79,12 @@ impl Primary {
                 }
                 Err(error) => {
                     write.errors.push((from, error.clone()));
-                    let others_have_it = !write.acked.is_empty()
+                    // A copy (reconciliation, repair, the flush that ends
+                    // reconciliation) comes from a source that holds it: a
+                    // member that cannot apply it differs from the source.
+                    let copied = matches!(write.purpose, Purpose::Internal | Purpose::Repair);
+                    let others_have_it = copied
+                        || !write.acked.is_empty()
                         || write
                             .needed
                             .iter()
@@ -593,11 +598,13 @@ impl Primary {
                 .errors
                 .iter()
                 .any(|(node, _)| self.members.get(node).is_some_and(|m| m.is_needed()));
-            let nobody_applied = write.acked.is_empty() && !write.errors.is_empty();
+            let internal = matches!(write.purpose, Purpose::Repair | Purpose::Internal);
+            // A copy always has a holder (its source): members that failed
+            // it must leave the set before it counts as done.
+            let nobody_applied = !internal && write.acked.is_empty() && !write.errors.is_empty();
             if failed_still_listed && !nobody_applied {
                 continue;
             }
-            let internal = matches!(write.purpose, Purpose::Repair | Purpose::Internal);
             if !internal && !nobody_applied && !self.has_quorum(&write.acked) {
                 continue;
             }
