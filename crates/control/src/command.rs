@@ -6,7 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use trireme_types::{Generation, GroupName, NodeId, NodeName, PoolName, VolumeName};
+use trireme_types::{
+    Generation, GroupName, NodeId, NodeName, PoolName, SnapshotId, SnapshotName, VolumeName,
+};
 
 use crate::model::*;
 use crate::placer::{self, Candidate, CandidatePool};
@@ -175,6 +177,75 @@ pub enum Command {
         name: VolumeName,
         node: NodeId,
     },
+    /// Take a snapshot of a volume: by its primary's engine when attached,
+    /// by each fenced up-to-date replica's node when detached. Replies
+    /// [`Reply::Snapshot`]; the snapshot is ready once reported taken.
+    CreateSnapshot {
+        volume: VolumeName,
+        name: SnapshotName,
+        /// Taken by the volume's schedule.
+        scheduled: bool,
+        now_ms: u64,
+    },
+    /// `from` took snapshot `id` on the replicas of `holders` (a primary:
+    /// every replica its barrier reached), or failed with `error`.
+    ReportSnapshot {
+        volume: VolumeName,
+        id: SnapshotId,
+        from: NodeId,
+        holders: BTreeSet<NodeId>,
+        error: Option<String>,
+    },
+    /// Delete a snapshot: every node removes its copy.
+    DeleteSnapshot {
+        volume: VolumeName,
+        name: SnapshotName,
+    },
+    /// `node` holds no copy of snapshot `id` any more.
+    SnapshotRemoved {
+        volume: VolumeName,
+        id: SnapshotId,
+        node: NodeId,
+    },
+    /// Snapshot space as a holder measured it: (id, exclusive, shared bytes).
+    ReportSnapshotSpace {
+        volume: VolumeName,
+        spaces: Vec<(SnapshotId, u64, u64)>,
+    },
+    /// Make a detached volume's content a snapshot's again.
+    RollbackVolume {
+        volume: VolumeName,
+        snapshot: SnapshotName,
+    },
+    /// `node` rolled its replica back to snapshot `snapshot`.
+    RolledBack {
+        volume: VolumeName,
+        node: NodeId,
+        snapshot: SnapshotId,
+    },
+    /// Take a snapshot every `every_secs` and keep the newest `keep`
+    /// (`None`: no schedule).
+    SetSnapshotSchedule {
+        volume: VolumeName,
+        schedule: Option<(u64, usize)>,
+        now_ms: u64,
+    },
+    /// `node` fenced `generation` of a detached volume on its replica.
+    ReportFenced {
+        volume: VolumeName,
+        node: NodeId,
+        generation: Generation,
+    },
+    /// A new volume with the content of a snapshot: its replicas are made
+    /// on the snapshot's nodes, sharing its chunks. Replies
+    /// [`Reply::Volume`].
+    CloneVolume {
+        name: VolumeName,
+        source: VolumeName,
+        snapshot: SnapshotName,
+        group: Option<GroupName>,
+        now_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -190,6 +261,7 @@ pub enum Reply {
     },
     /// The volume's generation after an attach or a reattach.
     Generation(Generation),
+    Snapshot(Box<crate::snapshot::SnapshotRecord>),
 }
 
 /// Why a command was refused. The text is shown to people as is.
@@ -271,6 +343,22 @@ pub enum CommandError {
     },
     #[error("volume '{name}' is attached on {primaries}; detach it first (`trireme volume detach {name}`)")]
     VolumeAttached { name: String, primaries: String },
+    #[error("volume '{volume}' already has a snapshot named '{name}'")]
+    SnapshotExists { volume: String, name: String },
+    #[error(
+        "volume '{volume}' has no snapshot named '{name}' (see `trireme snapshot list {volume}`)"
+    )]
+    UnknownSnapshot { volume: String, name: String },
+    #[error("volume '{name}' is being rolled back on {nodes} node(s); wait until it is done (`trireme volume show {name}`)")]
+    RollbackPending { name: String, nodes: usize },
+    #[error("the replicas of volume '{name}' have not yet confirmed that it is detached; retry in a few seconds")]
+    NotFenced { name: String },
+    #[error("node '{node}' holds the last copy of snapshot(s) {snapshots} of volume '{name}'; delete them first (`trireme snapshot delete {name} SNAPSHOT`)")]
+    LastSnapshotCopy {
+        name: String,
+        node: String,
+        snapshots: String,
+    },
     #[error("{0}")]
     Invalid(String),
 }
@@ -389,7 +477,51 @@ impl ClusterState {
                 now_ms: _,
             } => self.add_replica(name, node, pool),
             Command::RemoveReplica { name, node } => self.remove_replica(name, node),
+            Command::CreateSnapshot {
+                volume,
+                name,
+                scheduled,
+                now_ms,
+            } => self.create_snapshot(volume, name, scheduled, now_ms),
+            Command::ReportSnapshot {
+                volume,
+                id,
+                from,
+                holders,
+                error,
+            } => self.report_snapshot(volume, id, from, holders, error),
+            Command::DeleteSnapshot { volume, name } => self.delete_snapshot(volume, name),
+            Command::SnapshotRemoved { volume, id, node } => {
+                self.snapshot_removed(volume, id, node)
+            }
+            Command::ReportSnapshotSpace { volume, spaces } => {
+                self.report_snapshot_space(volume, spaces)
+            }
+            Command::RollbackVolume { volume, snapshot } => self.rollback_volume(volume, snapshot),
+            Command::RolledBack {
+                volume,
+                node,
+                snapshot,
+            } => self.rolled_back(volume, node, snapshot),
+            Command::SetSnapshotSchedule {
+                volume,
+                schedule,
+                now_ms,
+            } => self.set_snapshot_schedule(volume, schedule, now_ms),
+            Command::ReportFenced {
+                volume,
+                node,
+                generation,
+            } => self.report_fenced(volume, node, generation),
+            Command::CloneVolume {
+                name,
+                source,
+                snapshot,
+                group,
+                now_ms,
+            } => self.clone_volume(name, source, snapshot, group, now_ms),
         }?;
+        self.normalize_snapshots();
         if let Err(broken) = self.check_invariants() {
             // A bug in apply, not bad input: every node would hold the same
             // broken state, so stop here rather than spread it further.
@@ -493,6 +625,16 @@ impl ClusterState {
             return Err(CommandError::LastReplica {
                 node: record.name.to_string(),
                 volumes: last.join(", "),
+            });
+        }
+        if let Some(volume) = self
+            .volumes_on(node)
+            .find(|volume| !volume.deleting && !last_snapshot_copies(volume, node).is_empty())
+        {
+            return Err(CommandError::LastSnapshotCopy {
+                name: volume.name.to_string(),
+                node: record.name.to_string(),
+                snapshots: last_snapshot_copies(volume, node).join(", "),
             });
         }
         self.nodes.remove(&node);
@@ -696,6 +838,11 @@ impl ClusterState {
             // New replicas are all empty, hence identical: all up to date.
             // (An adopted replica is the only copy of its data.)
             in_sync: placement.diskful.iter().map(|(node, _)| *node).collect(),
+            snapshots: Vec::new(),
+            schedule: None,
+            rollback: None,
+            origin: None,
+            fenced: BTreeSet::new(),
         };
         self.next_volume_id += 1;
         record.replicas = replicas_of(&placement, observed_adopted);
@@ -749,6 +896,18 @@ impl ClusterState {
                 name: name.to_string(),
                 primaries: self.primaries_text(volume),
             });
+        }
+        let cloning: Vec<String> = self
+            .volumes
+            .values()
+            .filter(|clone| clone.is_being_cloned_from(&name))
+            .map(|clone| clone.name.to_string())
+            .collect();
+        if !cloning.is_empty() {
+            return Err(CommandError::Invalid(format!(
+                "volumes {} are being cloned from snapshots of volume '{name}'; delete it once they are created",
+                cloning.join(", ")
+            )));
         }
         let volume = self.volume_mut(&name)?;
         volume.deleting = true;
@@ -899,7 +1058,7 @@ impl ClusterState {
     }
 
     /// The volume `name`, refused when unknown or being deleted.
-    fn live_volume(&self, name: &VolumeName) -> Result<&VolumeRecord, CommandError> {
+    pub(crate) fn live_volume(&self, name: &VolumeName) -> Result<&VolumeRecord, CommandError> {
         let volume = self
             .volumes
             .get(name)
@@ -981,12 +1140,19 @@ impl ClusterState {
                 name: name.to_string(),
             });
         }
+        if let Some(rollback) = &volume.rollback {
+            return Err(CommandError::RollbackPending {
+                name: name.to_string(),
+                nodes: rollback.pending.len(),
+            });
+        }
         let volume = self.volume_mut(&name)?;
         if volume.primaries.is_empty() {
             // A new history: every replica refuses the writes of whoever
             // was primary before.
             volume.generation = volume.generation.next();
         }
+        ClusterState::primaries_changed(volume, "the volume was attached while it was taken");
         volume.primaries.push(PrimaryRecord {
             node,
             since_ms: now_ms,
@@ -1010,6 +1176,7 @@ impl ClusterState {
         }
         let volume = self.volume_mut(&name)?;
         volume.generation = volume.generation.next();
+        ClusterState::primaries_changed(volume, "the primary restarted while it was taken");
         for primary in &mut volume.primaries {
             if primary.node == node {
                 primary.since_ms = now_ms;
@@ -1053,6 +1220,7 @@ impl ClusterState {
         };
         let volume = self.volume_mut(&name)?;
         volume.primaries.retain(|primary| primary.node != leaving);
+        ClusterState::primaries_changed(volume, "the volume was detached while it was taken");
         Ok(Reply::Volume(Box::new(volume.clone())))
     }
 
@@ -1142,7 +1310,7 @@ impl ClusterState {
 
     /// The resource group of a volume (the default one if it went missing,
     /// which the invariants rule out).
-    fn group_of(&self, volume: &VolumeRecord) -> ResourceGroup {
+    pub(crate) fn group_of(&self, volume: &VolumeRecord) -> ResourceGroup {
         self.groups
             .get(&volume.group)
             .cloned()
@@ -1218,6 +1386,14 @@ impl ClusterState {
             return Err(CommandError::LastInSync {
                 name: name.to_string(),
                 node: self.node_name(node),
+            });
+        }
+        let last_copies = last_snapshot_copies(volume, node);
+        if !last_copies.is_empty() {
+            return Err(CommandError::LastSnapshotCopy {
+                name: name.to_string(),
+                node: self.node_name(node),
+                snapshots: last_copies.join(", "),
             });
         }
         let keep: Vec<(NodeId, PoolName)> = volume
@@ -1359,8 +1535,22 @@ impl ClusterState {
                 return Err(format!("volume {name} is attached while being deleted"));
             }
         }
-        Ok(())
+        self.check_snapshot_invariants()
     }
+}
+
+/// The names of the ready snapshots of `volume` whose only copy is on `node`.
+fn last_snapshot_copies(volume: &VolumeRecord, node: NodeId) -> Vec<String> {
+    volume
+        .snapshots
+        .iter()
+        .filter(|snapshot| {
+            snapshot.is_ready()
+                && snapshot.nodes.contains(&node)
+                && snapshot.nodes.iter().all(|holder| *holder == node)
+        })
+        .map(|snapshot| snapshot.name.to_string())
+        .collect()
 }
 
 /// Whether a diskful replica of `volume` on a node other than `node` is ready.
@@ -1412,7 +1602,7 @@ fn diskless_member(node: NodeId) -> ReplicaRecord {
 /// The most diskful replicas a volume may have.
 pub const MAX_PLACE_COUNT: usize = 7;
 
-fn replicas_of(placement: &placer::Placement, ready: bool) -> Vec<ReplicaRecord> {
+pub(crate) fn replicas_of(placement: &placer::Placement, ready: bool) -> Vec<ReplicaRecord> {
     let diskful = placement.diskful.iter().map(|(node, pool)| ReplicaRecord {
         node: *node,
         kind: ReplicaKind::Diskful,

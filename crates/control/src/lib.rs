@@ -9,10 +9,17 @@
 //!   resource group to a placement or a refusal that explains itself.
 //! - [`raft`]: openraft's types and its storage (log, vote, snapshots) in
 //!   the node's `control.redb`.
+//! - [`snapshot`]: volume snapshots, rollbacks, clones' origins and
+//!   schedules, and the fencing of detached volumes.
 pub mod command;
 pub mod model;
 pub mod placer;
 pub mod raft;
+pub mod snapshot;
 
 pub use command::{Command, CommandError, NodeRegistration, PoolReport, Reply};
 pub use model::*;
+pub use snapshot::{
+    CloneOrigin, Rollback, SnapshotRecord, SnapshotSchedule, SnapshotState, SnapshotTaker,
+    MAX_SNAPSHOTS_PER_VOLUME, MIN_SCHEDULE_SECS,
+};

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use trireme_types::{DeviceClass, Generation, GroupName, NodeId, NodeName, PoolName, VolumeName};
 
 use crate::placer::Placement;
+use crate::snapshot::{CloneOrigin, Rollback, SnapshotRecord, SnapshotSchedule};
 
 /// The resource group a volume uses when the request names none.
 pub const DEFAULT_GROUP: &str = "default";
@@ -27,6 +28,10 @@ pub struct ClusterState {
     pub created_ms: u64,
     pub next_node_id: u64,
     pub next_volume_id: u64,
+    /// Snapshot ids are never reused (0 in states from before snapshots:
+    /// the first id is 1).
+    #[serde(default)]
+    pub next_snapshot_id: u64,
     pub nodes: BTreeMap<NodeId, NodeRecord>,
     pub groups: BTreeMap<GroupName, ResourceGroup>,
     pub volumes: BTreeMap<VolumeName, VolumeRecord>,
@@ -235,6 +240,15 @@ pub struct VolumeRecord {
     /// only by a command of a current primary carrying the current
     /// generation, and joins it when the data path reports it synced.
     pub in_sync: BTreeSet<NodeId>,
+    /// Its snapshots, oldest first.
+    pub snapshots: Vec<SnapshotRecord>,
+    pub schedule: Option<SnapshotSchedule>,
+    pub rollback: Option<Rollback>,
+    /// Set on a clone: the snapshot its first replicas were made from.
+    pub origin: Option<CloneOrigin>,
+    /// While detached: the nodes whose replica has fenced the current
+    /// generation (no primary of it can write there any more).
+    pub fenced: BTreeSet<NodeId>,
 }
 
 /// [`VolumeRecord`] as stored: fields added later are optional, so that
@@ -255,6 +269,16 @@ struct StoredVolumeRecord {
     /// `None` in states written before in-sync tracking existed.
     #[serde(default)]
     in_sync: Option<BTreeSet<NodeId>>,
+    #[serde(default)]
+    snapshots: Vec<SnapshotRecord>,
+    #[serde(default)]
+    schedule: Option<SnapshotSchedule>,
+    #[serde(default)]
+    rollback: Option<Rollback>,
+    #[serde(default)]
+    origin: Option<CloneOrigin>,
+    #[serde(default)]
+    fenced: BTreeSet<NodeId>,
 }
 
 impl From<StoredVolumeRecord> for VolumeRecord {
@@ -281,6 +305,11 @@ impl From<StoredVolumeRecord> for VolumeRecord {
             generation: stored.generation,
             primaries: stored.primaries,
             in_sync,
+            snapshots: stored.snapshots,
+            schedule: stored.schedule,
+            rollback: stored.rollback,
+            origin: stored.origin,
+            fenced: stored.fenced,
         }
     }
 }

@@ -18,7 +18,10 @@ use trireme_control::{
     PoolReport, PrimaryRecord, QuorumPolicy, ReplicaKind, ReplicaObserved, Reply, ResourceGroup,
     SyncProgress, VolumeRecord, DEFAULT_GROUP, JOIN_WINDOW_MS,
 };
-use trireme_types::{DeviceClass, Generation, GroupName, NodeId, NodeName, PoolName, VolumeName};
+use trireme_types::{
+    DeviceClass, Generation, GroupName, NodeId, NodeName, PoolName, SnapshotId, SnapshotName,
+    VolumeName,
+};
 
 /// Proposers stamp commands with their clock; any fixed epoch will do.
 const T0: u64 = 1_700_000_000_000;
@@ -2030,7 +2033,73 @@ fn command(now: u64) -> impl Strategy<Value = Command> {
         (35, base),
         (13, attach_command_strategy(now).boxed()),
         (6, replica_command_strategy(now).boxed()),
+        (12, snapshot_command_strategy(now).boxed()),
     ])
+}
+
+const SNAPSHOTS: [&str; 3] = ["s0", "s1", "s2"];
+
+/// Snapshots, their reports and deletes, rollbacks, clones, schedules and
+/// fencing. Ids stay small so that existing snapshots are often hit.
+fn snapshot_command_strategy(now: u64) -> impl Strategy<Value = Command> {
+    let volume = (0..VOLUMES.len()).prop_map(|index| vname(VOLUMES[index]));
+    let snapshot = (0..SNAPSHOTS.len()).prop_map(|index| snapshot_name(SNAPSHOTS[index]));
+    let id = (1u64..8).prop_map(SnapshotId);
+    let nodes = prop::collection::btree_set(node_id(), 0..4);
+    prop_oneof![
+        3 => (volume.clone(), snapshot.clone(), any::<bool>()).prop_map(
+            move |(volume, name, scheduled)| Command::CreateSnapshot {
+                volume,
+                name,
+                scheduled,
+                now_ms: now,
+            }
+        ),
+        4 => (volume.clone(), id.clone(), node_id(), nodes, prop::option::weighted(0.2, Just("disk failed".to_string()))).prop_map(
+            |(volume, id, from, holders, error)| Command::ReportSnapshot {
+                volume,
+                id,
+                from,
+                holders,
+                error,
+            }
+        ),
+        2 => (volume.clone(), snapshot.clone())
+            .prop_map(|(volume, name)| Command::DeleteSnapshot { volume, name }),
+        2 => (volume.clone(), id.clone(), node_id())
+            .prop_map(|(volume, id, node)| Command::SnapshotRemoved { volume, id, node }),
+        1 => (volume.clone(), snapshot.clone())
+            .prop_map(|(volume, snapshot)| Command::RollbackVolume { volume, snapshot }),
+        1 => (volume.clone(), node_id(), id)
+            .prop_map(|(volume, node, snapshot)| Command::RolledBack { volume, node, snapshot }),
+        1 => (volume.clone(), prop::option::of((1u64..100_000, 0usize..200))).prop_map(
+            move |(volume, schedule)| Command::SetSnapshotSchedule {
+                volume,
+                schedule,
+                now_ms: now,
+            }
+        ),
+        3 => (volume.clone(), node_id(), (1u64..6).prop_map(Generation)).prop_map(
+            |(volume, node, generation)| Command::ReportFenced {
+                volume,
+                node,
+                generation,
+            }
+        ),
+        1 => (volume.clone(), volume, snapshot).prop_map(move |(name, source, snapshot)| {
+            Command::CloneVolume {
+                name,
+                source,
+                snapshot,
+                group: None,
+                now_ms: now,
+            }
+        }),
+    ]
+}
+
+fn snapshot_name(name: &str) -> SnapshotName {
+    SnapshotName::new(name).unwrap()
 }
 
 /// Attach, reattach, detach and the in-sync set. Generations stay small so

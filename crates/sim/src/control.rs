@@ -2016,6 +2016,43 @@ fn describe(command: &Command) -> String {
         Command::RemoveReplica { name, node } => {
             format!("remove the replica of {name} on node {node}")
         }
+        Command::CreateSnapshot { volume, name, .. } => format!("snapshot {volume}@{name}"),
+        Command::ReportSnapshot {
+            volume,
+            id,
+            from,
+            holders,
+            error,
+        } => format!("node {from} took snapshot {id} of {volume} on {holders:?} ({error:?})"),
+        Command::DeleteSnapshot { volume, name } => format!("delete snapshot {volume}@{name}"),
+        Command::SnapshotRemoved { volume, id, node } => {
+            format!("node {node} removed snapshot {id} of {volume}")
+        }
+        Command::ReportSnapshotSpace { volume, spaces } => {
+            format!("space of {} snapshots of {volume}", spaces.len())
+        }
+        Command::RollbackVolume { volume, snapshot } => {
+            format!("roll {volume} back to {snapshot}")
+        }
+        Command::RolledBack {
+            volume,
+            node,
+            snapshot,
+        } => format!("node {node} rolled {volume} back to snapshot {snapshot}"),
+        Command::SetSnapshotSchedule {
+            volume, schedule, ..
+        } => format!("snapshot schedule of {volume}: {schedule:?}"),
+        Command::ReportFenced {
+            volume,
+            node,
+            generation,
+        } => format!("node {node} fenced {volume} at generation {generation}"),
+        Command::CloneVolume {
+            name,
+            source,
+            snapshot,
+            ..
+        } => format!("clone {source}@{snapshot} as {name}"),
     }
 }
 

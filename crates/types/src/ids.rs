@@ -168,6 +168,12 @@ name_type!(
     GroupName,
     "resource group"
 );
+name_type!(
+    /// A snapshot's name, unique among its volume's snapshots. The NBD
+    /// export of a snapshot is `VOLUME@SNAPSHOT`.
+    SnapshotName,
+    "snapshot"
+);
 
 #[cfg(test)]
 mod tests {

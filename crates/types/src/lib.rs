@@ -10,8 +10,8 @@ pub mod size;
 pub mod target;
 
 pub use ids::{
-    Generation, GroupName, NameError, NodeId, NodeName, PoolId, PoolName, SnapshotId, VolumeId,
-    VolumeName,
+    Generation, GroupName, NameError, NodeId, NodeName, PoolId, PoolName, SnapshotId, SnapshotName,
+    VolumeId, VolumeName,
 };
 pub use size::{format_size, parse_size, SizeError};
 pub use target::{

@@ -113,6 +113,15 @@ impl From<crate::cluster::ClusterError> for ApiError {
                 CommandError::ReplicaExists { .. } => (StatusCode::CONFLICT, "replica_exists"),
                 CommandError::WouldLoseQuorum { .. } => (StatusCode::CONFLICT, "would_lose_quorum"),
                 CommandError::VolumeAttached { .. } => (StatusCode::CONFLICT, "volume_attached"),
+                CommandError::SnapshotExists { .. } => (StatusCode::CONFLICT, "snapshot_exists"),
+                CommandError::UnknownSnapshot { .. } => {
+                    (StatusCode::NOT_FOUND, "snapshot_not_found")
+                }
+                CommandError::RollbackPending { .. } => (StatusCode::CONFLICT, "rollback_pending"),
+                CommandError::NotFenced { .. } => (StatusCode::SERVICE_UNAVAILABLE, "not_fenced"),
+                CommandError::LastSnapshotCopy { .. } => {
+                    (StatusCode::CONFLICT, "last_snapshot_copy")
+                }
                 CommandError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
                 CommandError::NotBootstrapped | CommandError::AlreadyBootstrapped { .. } => {
                     (StatusCode::SERVICE_UNAVAILABLE, "cluster_not_ready")

@@ -78,7 +78,7 @@ pub(crate) enum Input {
     LinkUp(NodeId, u64, driver::LinkSender),
     LinkDown(NodeId, u64),
     Reconnect(NodeId, u64),
-    View(Option<VolumeRecord>),
+    View(Option<Box<VolumeRecord>>),
     /// The cluster's resync rate changed (bytes per second).
     ResyncRate(u64),
     /// Start a `verify` (or join the running one); answers its report.

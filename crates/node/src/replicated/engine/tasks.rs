@@ -97,7 +97,7 @@ pub(super) fn spawn_view_watch(cluster: Arc<Cluster>, volume: VolumeName, core: 
             }
             last = record.clone();
             let gone = record.is_none();
-            engine.deliver(Input::View(record));
+            engine.deliver(Input::View(record.map(Box::new)));
             if gone {
                 return;
             }
