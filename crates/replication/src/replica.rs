@@ -47,6 +47,9 @@ struct Link {
 #[derive(Debug)]
 pub struct ReplicaSide {
     accepted: Generation,
+    /// Primaries of this generation and older are refused: the volume was
+    /// detached at it (see [`ReplicaSide::fence`]).
+    fenced: Generation,
     primary_at: Option<Generation>,
     /// No acknowledged write can be missing: this process has run since the
     /// last primary left the copy clean (`Goodbye`), or since a primary that
@@ -79,10 +82,40 @@ impl ReplicaSide {
     pub fn new(accepted: Generation, primary_at: Option<Generation>, clean: bool) -> Self {
         ReplicaSide {
             accepted,
+            fenced: Generation(0),
             primary_at,
             intact: clean,
             links: BTreeMap::new(),
         }
+    }
+
+    /// As [`ReplicaSide::new`], with the fence that was persisted.
+    pub fn with_fence(mut self, fenced: Generation) -> Self {
+        self.fenced = fenced;
+        self
+    }
+
+    /// The volume was detached at `generation`: from now on no primary of
+    /// it or an older one may write here, not even one cut off from the
+    /// cluster that still believes it is attached (persist the fence, then
+    /// close the links this returns true for). A later attach comes with a
+    /// newer generation. Copies of a detached volume then cannot change, so
+    /// snapshots and rollbacks their nodes make on their own agree.
+    pub fn fence(&mut self, generation: Generation) {
+        // `accepted` stays: it tells the next primary which history this
+        // copy last followed (its dirty maps depend on it).
+        self.fenced = self.fenced.max(generation);
+    }
+
+    pub fn fenced(&self) -> Generation {
+        self.fenced
+    }
+
+    /// Whether `link` belongs to a fenced generation (close it).
+    pub fn is_fenced(&self, link: LinkId) -> bool {
+        self.links
+            .get(&link)
+            .is_some_and(|entry| entry.generation <= self.fenced)
     }
 
     /// A primary said goodbye on `link`: persist `clean = true` when this
@@ -120,9 +153,9 @@ impl ReplicaSide {
         generation: Generation,
         _primary: NodeId,
     ) -> HelloOutcome {
-        if generation < self.accepted {
+        if generation < self.accepted || generation <= self.fenced {
             return HelloOutcome::Refuse(FromReplica::Refused {
-                newer: self.accepted,
+                newer: self.accepted.max(self.fenced.next()),
             });
         }
         let mut unsettled = RegionSet::new();
@@ -168,8 +201,10 @@ impl ReplicaSide {
         let Some(entry) = self.links.get_mut(&link) else {
             return Err(FromReplica::Refused { newer: accepted });
         };
-        if entry.generation < accepted {
-            return Err(FromReplica::Refused { newer: accepted });
+        if entry.generation < accepted || entry.generation <= self.fenced {
+            return Err(FromReplica::Refused {
+                newer: accepted.max(self.fenced.next()),
+            });
         }
         if matches!(message, ToReplica::Flush { .. }) {
             // A primary flushes only once it serves, after reconciling what
@@ -273,5 +308,37 @@ mod tests {
         assert_eq!(unsettled.iter().collect::<Vec<_>>(), vec![9]);
         // The link of generation 4 is fenced now.
         assert!(side.admit(2, &write(4, 0, 4)).is_err());
+    }
+
+    #[test]
+    fn a_fence_refuses_the_detached_generation_and_older_ones() {
+        let mut side = ReplicaSide::new(Generation(3), None, true);
+        assert!(matches!(
+            side.on_hello(1, Generation(3), NodeId(1)),
+            HelloOutcome::Accept { .. }
+        ));
+        side.admit(1, &write(1, 0, 1)).unwrap();
+        // Detached at 3: the primary of 3, still linked, can write no more,
+        // nor link again; a newer primary can.
+        side.fence(Generation(3));
+        assert!(side.is_fenced(1));
+        assert_eq!(
+            side.admit(1, &write(2, 0, 2)),
+            Err(FromReplica::Refused {
+                newer: Generation(4)
+            })
+        );
+        assert!(matches!(
+            side.on_hello(2, Generation(3), NodeId(1)),
+            HelloOutcome::Refuse(_)
+        ));
+        assert!(matches!(
+            side.on_hello(3, Generation(4), NodeId(2)),
+            HelloOutcome::Accept { .. }
+        ));
+        assert!(!side.is_fenced(3));
+        // A fence persisted before a restart holds after it.
+        let restarted = ReplicaSide::new(Generation(3), None, true).with_fence(Generation(3));
+        assert_eq!(restarted.fenced(), Generation(3));
     }
 }

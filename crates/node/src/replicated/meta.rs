@@ -30,6 +30,14 @@ pub struct ReplicaMeta {
     pub accepted: Generation,
     pub primary_at: Option<Generation>,
     pub clean: bool,
+    /// Primaries of this generation and older are refused: the volume was
+    /// detached at it. Absent in states from before fencing.
+    #[serde(default = "unfenced")]
+    pub fenced: Generation,
+}
+
+fn unfenced() -> Generation {
+    Generation(0)
 }
 
 impl Default for ReplicaMeta {
@@ -40,6 +48,7 @@ impl Default for ReplicaMeta {
             accepted: Generation(0),
             primary_at: None,
             clean: true,
+            fenced: Generation(0),
         }
     }
 }
@@ -221,6 +230,7 @@ mod tests {
                     accepted: Generation(4),
                     primary_at: Some(Generation(3)),
                     clean: false,
+                    fenced: Generation(2),
                 },
             )
             .unwrap();

@@ -70,11 +70,10 @@ impl ReplicaService {
             return Ok(side.clone());
         }
         let stored = self.meta.replica(volume)?;
-        let side = Arc::new(Mutex::new(ReplicaSide::new(
-            stored.accepted,
-            stored.primary_at,
-            stored.clean,
-        )));
+        let side = Arc::new(Mutex::new(
+            ReplicaSide::new(stored.accepted, stored.primary_at, stored.clean)
+                .with_fence(stored.fenced),
+        ));
         sides.insert(volume.clone(), side.clone());
         Ok(side)
     }
@@ -91,6 +90,7 @@ impl ReplicaService {
                 accepted: side.accepted(),
                 primary_at: side.primary_at(),
                 clean,
+                fenced: side.fenced(),
             },
         )
     }
@@ -108,6 +108,46 @@ impl ReplicaService {
         side.set_primary_at(generation);
         let clean = self.meta.replica(volume)?.clean;
         self.persist(volume, &side, clean)
+    }
+
+    /// The volume is detached at `generation`: no primary of it may write
+    /// to this copy any more (links of it close at their next message).
+    /// Durable when this returns.
+    pub fn fence(&self, volume: &VolumeName, generation: Generation) -> Result<(), NodeError> {
+        let side = self.side(volume)?;
+        let mut side = side.lock().expect("side lock");
+        if side.fenced() >= generation {
+            return Ok(());
+        }
+        side.fence(generation);
+        let clean = self.meta.replica(volume)?.clean;
+        self.persist(volume, &side, clean)
+    }
+
+    /// Runs `work` on the copy while no primary newer than `generation`
+    /// can be accepted (it holds the lock that fences them), and only if
+    /// none was: what a detached volume's node does on its own
+    /// (snapshots, rollbacks) then cannot interleave with a new primary.
+    pub fn while_fenced<R>(
+        &self,
+        volume: &VolumeName,
+        generation: Generation,
+        work: impl FnOnce() -> R,
+    ) -> Result<R, String> {
+        let side = self.side(volume).map_err(|error| error.to_string())?;
+        let side = side.lock().expect("side lock");
+        if side.fenced() < generation {
+            return Err(format!(
+                "the copy has not fenced generation {generation} of the volume"
+            ));
+        }
+        if side.accepted() > generation {
+            return Err(format!(
+                "a primary of generation {} was accepted since",
+                side.accepted()
+            ));
+        }
+        Ok(work())
     }
 
     pub fn primary_at(&self, volume: &VolumeName) -> Result<Option<Generation>, NodeError> {
