@@ -7,14 +7,14 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use trireme_control::{Command, CommandError, SyncProgress as ControlProgress};
 use trireme_replication::{
     Action, ClientError, FromReplica, Primary, Proposal, ProposalResult, VerifyState,
 };
 use trireme_store::Volume;
-use trireme_types::{Generation, NodeId, VolumeName};
+use trireme_types::{Generation, NodeId, SnapshotId, VolumeName};
 
 use super::super::local::{LocalLink, LocalOutcome};
 use super::super::serve::ReplicaService;
@@ -102,6 +102,8 @@ pub(super) struct Driver {
     verify_logged: Option<u64>,
     /// Counters already logged.
     logged: trireme_replication::primary::Counters,
+    /// Who waits for each snapshot asked.
+    snapshot_waiters: BTreeMap<SnapshotId, Vec<oneshot::Sender<super::SnapshotOutcome>>>,
 }
 
 impl Driver {
@@ -128,6 +130,7 @@ impl Driver {
             reconnect_delays: BTreeMap::new(),
             verify_logged: None,
             logged: Default::default(),
+            snapshot_waiters: BTreeMap::new(),
         }
     }
 
@@ -212,6 +215,10 @@ impl Driver {
             }
             Input::VerifyStatus(sender) => {
                 let _ = sender.send(self.primary.verify_report().cloned());
+            }
+            Input::TakeSnapshot(id, sender) => {
+                self.snapshot_waiters.entry(id).or_default().push(sender);
+                self.primary.take_snapshot(id, now);
             }
             Input::Persisted(token) => self.primary.persisted(token, now),
             Input::Proposal(id, result) => {
@@ -399,7 +406,17 @@ impl Driver {
                 tracing::info!(volume = %self.volume, %reason, "primary engine stops");
             }
             Action::SnapshotDone { snapshot, result } => {
-                tracing::info!(volume = %self.volume, %snapshot, ?result, "snapshot barrier done");
+                match &result {
+                    Ok(nodes) => {
+                        tracing::info!(volume = %self.volume, %snapshot, ?nodes, "snapshot taken")
+                    }
+                    Err(error) => {
+                        tracing::warn!(volume = %self.volume, %snapshot, %error, "snapshot failed")
+                    }
+                }
+                for waiter in self.snapshot_waiters.remove(&snapshot).unwrap_or_default() {
+                    let _ = waiter.send(result.clone());
+                }
             }
         }
     }
@@ -561,6 +578,11 @@ impl Driver {
     pub fn fail_ops(&mut self) {
         for (_, reply) in std::mem::take(&mut self.ops) {
             reply.send(Err(ClientError::ShuttingDown));
+        }
+        for (_, waiters) in std::mem::take(&mut self.snapshot_waiters) {
+            for waiter in waiters {
+                let _ = waiter.send(Err("the volume's engine stopped".into()));
+            }
         }
     }
 

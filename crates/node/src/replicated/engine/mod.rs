@@ -37,7 +37,10 @@ use trireme_replication::{
     ProposalResult, VerifyReport, View,
 };
 use trireme_store::Volume;
-use trireme_types::{Generation, NodeId, VolumeName};
+use trireme_types::{Generation, NodeId, SnapshotId, VolumeName};
+
+/// The replicas a snapshot was taken on, or why it was not.
+pub type SnapshotOutcome = Result<std::collections::BTreeSet<NodeId>, String>;
 
 use super::serve::ReplicaService;
 use super::ReplicationMeta;
@@ -85,6 +88,9 @@ pub(crate) enum Input {
     StartVerify(oneshot::Sender<Result<VerifyReport, String>>),
     /// The running or last verify's report.
     VerifyStatus(oneshot::Sender<Option<VerifyReport>>),
+    /// Take a snapshot at one write boundary on every replica written to;
+    /// answers the nodes that took it.
+    TakeSnapshot(SnapshotId, oneshot::Sender<SnapshotOutcome>),
     /// The node stops: detach cleanly (final flush, goodbye), so that the
     /// copies need no reconciliation or resync when it comes back.
     Shutdown,
@@ -175,6 +181,17 @@ impl EngineHandle {
         receiver
             .await
             .map_err(|_| "the volume's engine stopped".to_string())
+    }
+
+    /// Takes snapshot `id` of the volume: one barrier, ordered after every
+    /// write completed before and before every write started after, on
+    /// every replica the engine writes to.
+    pub async fn take_snapshot(&self, id: SnapshotId) -> SnapshotOutcome {
+        let (sender, receiver) = oneshot::channel();
+        self.core.deliver(Input::TakeSnapshot(id, sender));
+        receiver
+            .await
+            .unwrap_or_else(|_| Err("the volume's engine stopped".into()))
     }
 
     /// Hands one request to the engine; `done` runs (under the engine's
