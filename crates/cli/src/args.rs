@@ -4,7 +4,9 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use trireme_types::{parse_size, DeviceClass, GroupName, NodeName, PoolName, VolumeName};
+use trireme_types::{
+    parse_size, DeviceClass, GroupName, NodeName, PoolName, SnapshotName, VolumeName,
+};
 
 /// The heading of the options every command takes.
 const GLOBAL: &str = "Global options";
@@ -222,6 +224,72 @@ pub enum Command {
     /// Cluster-wide settings and the token that lets machines join.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Snapshots: instant, crash-consistent, read-only copies of a volume,
+    /// served over NBD as VOLUME@SNAPSHOT; clones and rollbacks start
+    /// from them.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Take a snapshot of a volume
+    ///
+    /// Instant and without copying data: every replica takes it at the
+    /// same point between writes (a write is in the snapshot on every
+    /// replica or on none), whether the volume is attached or not. It
+    /// costs space only as the volume is written over afterwards.
+    ///
+    /// Examples:
+    ///   trireme snapshot create vm1 before-upgrade
+    ///   qemu-img convert -O qcow2 nbd://pve1:10809/vm1@before-upgrade backup.qcow2
+    #[command(verbatim_doc_comment)]
+    Create {
+        #[arg(value_parser = parse_volume_name)]
+        volume: VolumeName,
+        /// Snapshot name: letters, digits, '-', '_', '.'.
+        #[arg(value_parser = parse_snapshot_name)]
+        name: SnapshotName,
+    },
+    /// List snapshots, of one volume or of all: when taken, where, and
+    /// their exclusive space (what deleting one gives back) and shared
+    /// space (held with the volume, other snapshots or clones).
+    List {
+        #[arg(value_parser = parse_volume_name)]
+        volume: Option<VolumeName>,
+    },
+    /// Delete a snapshot; its exclusive space is given back. Clones made
+    /// from it keep their data.
+    Delete {
+        #[arg(value_parser = parse_volume_name)]
+        volume: VolumeName,
+        #[arg(value_parser = parse_snapshot_name)]
+        name: SnapshotName,
+    },
+    /// Take snapshots of a volume on a schedule, keeping the newest ones
+    ///
+    /// Scheduled snapshots are named auto-YYYYMMDD-HHMMSS (UTC); once more
+    /// than --keep exist, the oldest are deleted. Snapshots taken by hand
+    /// are never deleted by the schedule.
+    ///
+    /// Examples:
+    ///   trireme snapshot schedule vm1 --every 1h --keep 24
+    ///   trireme snapshot schedule vm1            # show it
+    ///   trireme snapshot schedule vm1 --off
+    #[command(verbatim_doc_comment)]
+    Schedule {
+        #[arg(value_parser = parse_volume_name)]
+        volume: VolumeName,
+        /// How often, e.g. 15m, 1h, 1d (at least 10s).
+        #[arg(long, value_parser = parse_duration, requires = "keep")]
+        every: Option<u64>,
+        /// How many scheduled snapshots to keep.
+        #[arg(long, requires = "every")]
+        keep: Option<usize>,
+        /// Stop taking snapshots (those taken stay).
+        #[arg(long, conflicts_with_all = ["every", "keep"])]
+        off: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -357,14 +425,22 @@ pub enum VolumeCommand {
     ///   trireme volume create db --size 100G --group fast
     ///   trireme volume create scratch --size 8G --replicas 1
     ///   trireme volume create vm2 --size 32G --nodes n1,n2,n3
+    ///   # a clone of a snapshot, sharing its data (no copy is made)
+    ///   trireme volume create vm3 --from-snapshot vm1@before-upgrade
     #[command(verbatim_doc_comment)]
     Create {
         /// Volume name, also its NBD export name: letters, digits, '-', '_', '.'.
         #[arg(value_parser = parse_volume_name)]
         name: VolumeName,
         /// Size, e.g. 32G (binary units, a multiple of 4 KiB).
-        #[arg(long, value_parser = parse_size_argument)]
-        size: u64,
+        #[arg(long, value_parser = parse_size_argument, required_unless_present = "from_snapshot")]
+        size: Option<u64>,
+        /// Make the volume a clone of a snapshot, VOLUME@SNAPSHOT: it has the
+        /// snapshot's size and content, and its replicas are made on the
+        /// nodes holding the snapshot, sharing its chunks until written.
+        #[arg(long, value_name = "VOLUME@SNAPSHOT", value_parser = parse_snapshot_ref,
+              conflicts_with_all = ["size", "pool", "replicas", "nodes"])]
+        from_snapshot: Option<(VolumeName, SnapshotName)>,
         /// Only pools of this name qualify [default: the group's pools; on
         /// each node the one with the most free space].
         #[arg(long, value_parser = parse_pool_name)]
@@ -494,6 +570,24 @@ pub enum VolumeCommand {
         /// Only show the running or last verify's report.
         #[arg(long)]
         status: bool,
+    },
+    /// Roll a detached volume back to one of its snapshots
+    ///
+    /// Every replica holding the snapshot gets its content back (the
+    /// snapshot and newer ones stay); replicas without it are resynced
+    /// when the volume is next attached. The volume must be detached,
+    /// and cannot be attached until the rollback is done.
+    ///
+    /// Example:
+    ///   trireme volume detach vm1
+    ///   trireme volume rollback vm1 before-upgrade
+    #[command(verbatim_doc_comment)]
+    Rollback {
+        #[arg(value_parser = parse_volume_name)]
+        name: VolumeName,
+        /// The snapshot (see `trireme snapshot list VOLUME`).
+        #[arg(value_parser = parse_snapshot_name)]
+        snapshot: SnapshotName,
     },
     /// Grow a volume to a new size (volumes never shrink).
     Grow {
@@ -690,6 +784,18 @@ fn parse_device_class(text: &str) -> Result<DeviceClass, String> {
     text.parse()
 }
 
+fn parse_snapshot_name(text: &str) -> Result<SnapshotName, String> {
+    SnapshotName::new(text).map_err(|error| error.to_string())
+}
+
+/// `VOLUME@SNAPSHOT`.
+fn parse_snapshot_ref(text: &str) -> Result<(VolumeName, SnapshotName), String> {
+    let (volume, snapshot) = text
+        .split_once('@')
+        .ok_or_else(|| format!("'{text}' is not VOLUME@SNAPSHOT"))?;
+    Ok((parse_volume_name(volume)?, parse_snapshot_name(snapshot)?))
+}
+
 fn parse_volume_name(text: &str) -> Result<VolumeName, String> {
     VolumeName::new(text).map_err(|error| error.to_string())
 }
@@ -801,15 +907,67 @@ mod tests {
             group,
             replicas,
             nodes,
+            from_snapshot,
         }) = cli.command
         else {
             panic!("wrong command: {:?}", cli.command);
         };
         assert_eq!(name.as_str(), "vm1");
-        assert_eq!(size, 32 << 30);
+        assert_eq!(size, Some(32 << 30));
         assert_eq!(pool.unwrap().as_str(), "fast");
         assert_eq!((group, replicas, nodes), (None, None, None));
+        assert_eq!(from_snapshot, None);
         assert_eq!(cli.output, OutputFormat::Table);
+    }
+
+    #[test]
+    fn a_clone_names_its_snapshot_and_takes_no_size() {
+        let cli = parse(&["volume", "create", "c1", "--from-snapshot", "vm1@s1"]).unwrap();
+        let Command::Volume(VolumeCommand::Create {
+            size,
+            from_snapshot,
+            ..
+        }) = cli.command
+        else {
+            panic!("wrong command: {:?}", cli.command);
+        };
+        assert_eq!(size, None);
+        let (volume, snapshot) = from_snapshot.unwrap();
+        assert_eq!((volume.as_str(), snapshot.as_str()), ("vm1", "s1"));
+        let error = parse(&["volume", "create", "c1", "--from-snapshot", "vm1"]).unwrap_err();
+        assert!(error.to_string().contains("VOLUME@SNAPSHOT"), "{error}");
+        assert!(
+            parse(&["volume", "create", "c1"]).is_err(),
+            "no size, no snapshot"
+        );
+        assert!(parse(&[
+            "volume",
+            "create",
+            "c1",
+            "--size",
+            "1G",
+            "--from-snapshot",
+            "vm1@s1"
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn snapshot_schedules_need_both_or_off() {
+        let cli = parse(&[
+            "snapshot", "schedule", "vm1", "--every", "1h", "--keep", "24",
+        ])
+        .unwrap();
+        let Command::Snapshot(SnapshotCommand::Schedule {
+            every, keep, off, ..
+        }) = cli.command
+        else {
+            panic!("wrong command: {:?}", cli.command);
+        };
+        assert_eq!((every, keep, off), (Some(3600), Some(24), false));
+        assert!(parse(&["snapshot", "schedule", "vm1", "--every", "1h"]).is_err());
+        assert!(parse(&["snapshot", "schedule", "vm1", "--off", "--keep", "2"]).is_err());
+        assert!(parse(&["snapshot", "create", "vm1", "bad name"]).is_err());
     }
 
     #[test]

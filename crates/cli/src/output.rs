@@ -412,6 +412,11 @@ pub fn format_age(seconds: u64) -> String {
 }
 
 /// `1h`, `1h30m`, `45s`, `2d`: exactly, as `--eviction-delay` takes it.
+/// `2026-11-24 07:05:09` (UTC).
+pub fn format_unix_time(unix_seconds: u64) -> String {
+    trireme_types::time::UtcTime::from_unix(unix_seconds).display()
+}
+
 pub fn format_duration(seconds: u64) -> String {
     if seconds == 0 {
         return "0s".to_string();

@@ -8,6 +8,7 @@
 pub mod ids;
 pub mod size;
 pub mod target;
+pub mod time;
 
 pub use ids::{
     Generation, GroupName, NameError, NodeId, NodeName, PoolId, PoolName, SnapshotId, SnapshotName,

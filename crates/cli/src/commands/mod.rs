@@ -4,6 +4,7 @@ mod cluster;
 mod group;
 mod node;
 mod pool;
+mod snapshot;
 mod status;
 mod volume;
 
@@ -21,5 +22,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Volume(command) => volume::run(command, cli.output, &client()),
         Command::Group(command) => group::run(command, cli.output, &client()),
         Command::Cluster(command) => cluster::run(command, cli.output, &client()),
+        Command::Snapshot(command) => snapshot::run(command, cli.output, &client()),
     }
 }

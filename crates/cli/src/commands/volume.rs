@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 use trireme_node::api::model::{
-    AddReplicaRequest, AttachRequest, CreateVolumeRequest, DetachRequest, GrowVolumeRequest,
-    NodeEntry, PoolResponse, ReplicaResponse, VerifyResponse, VolumeResponse,
+    AddReplicaRequest, AttachRequest, CloneRequest, CreateVolumeRequest, DetachRequest,
+    GrowVolumeRequest, NodeEntry, PoolResponse, ReplicaResponse, RollbackRequest, VerifyResponse,
+    VolumeResponse,
 };
 use trireme_types::{format_size, VolumeName};
 
@@ -29,16 +30,29 @@ pub fn run(command: VolumeCommand, format: OutputFormat, client: &Client) -> Res
             group,
             replicas,
             nodes,
+            from_snapshot,
         } => {
-            let request = CreateVolumeRequest {
-                name: name.to_string(),
-                size_bytes: size,
-                pool: pool.map(String::from),
-                group: group.map(String::from),
-                replicas,
-                nodes: nodes.map(|nodes| nodes.into_iter().map(String::from).collect()),
+            let answer = match (from_snapshot, size) {
+                (Some((source, snapshot)), _) => client.post(
+                    &format!("/volumes/{source}/snapshots/{snapshot}/clone"),
+                    &CloneRequest {
+                        name: name.to_string(),
+                        group: group.map(String::from),
+                    },
+                )?,
+                (None, Some(size)) => client.post(
+                    "/volumes",
+                    &CreateVolumeRequest {
+                        name: name.to_string(),
+                        size_bytes: size,
+                        pool: pool.map(String::from),
+                        group: group.map(String::from),
+                        replicas,
+                        nodes: nodes.map(|nodes| nodes.into_iter().map(String::from).collect()),
+                    },
+                )?,
+                (None, None) => bail!("give --size, or --from-snapshot VOLUME@SNAPSHOT"),
             };
-            let answer = client.post("/volumes", &request)?;
             let volume: Option<VolumeResponse> = if json {
                 output::print_json(&answer);
                 // The JSON is the node's; the note goes to stderr.
@@ -202,6 +216,27 @@ pub fn run(command: VolumeCommand, format: OutputFormat, client: &Client) -> Res
                         "{node} stays attached and serves the volume through the other replicas"
                     );
                 }
+            }
+        }
+        VolumeCommand::Rollback { name, snapshot } => {
+            let answer = client.post(
+                &format!("/volumes/{name}/rollback"),
+                &RollbackRequest {
+                    snapshot: snapshot.to_string(),
+                },
+            )?;
+            if json {
+                output::print_json(&answer);
+            } else if answer.accepted() {
+                println!(
+                    "volume '{name}' is rolling back to '{snapshot}'; it can be attached once every replica holding the snapshot is done (`trireme volume show {name}`)"
+                );
+            } else {
+                let volume: VolumeResponse = answer.parse()?;
+                println!(
+                    "volume '{name}' has the content of snapshot '{snapshot}' again (generation {})",
+                    volume.generation
+                );
             }
         }
         VolumeCommand::Grow { name, size } => {

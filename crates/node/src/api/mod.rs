@@ -4,7 +4,8 @@
 //! - [`model`]: request and response bodies (shared with the CLI).
 //! - [`error`]: [`ApiError`] and the status code of every failure.
 //! - `validate`: checks of names, sizes and bodies, before any store call.
-//! - `system`, `pools`, `volumes`: the handlers.
+//! - `system`, `pools`, `volumes`, `snapshots`, `verify`, `cluster`: the
+//!   handlers.
 //!
 //! Handlers validate the request, then run the blocking node operation on
 //! `spawn_blocking` so a slow disk never stalls the reactor.
@@ -13,6 +14,7 @@ mod cluster;
 pub mod error;
 pub mod model;
 mod pools;
+mod snapshots;
 mod system;
 mod validate;
 mod verify;
@@ -79,6 +81,15 @@ pub struct ApiState {
         volumes::remove_replica,
         verify::start_verify,
         verify::show_verify,
+        snapshots::create_snapshot,
+        snapshots::list_snapshots,
+        snapshots::list_all_snapshots,
+        snapshots::delete_snapshot,
+        snapshots::rollback_volume,
+        snapshots::clone_snapshot,
+        snapshots::show_schedule,
+        snapshots::set_schedule,
+        snapshots::delete_schedule,
         cluster::status,
         cluster::list_nodes,
         cluster::remove_node,
@@ -136,6 +147,29 @@ pub fn router(state: ApiState) -> Router {
             "/api/v1/volumes/{name}/verify",
             get(verify::show_verify).post(verify::start_verify),
         )
+        .route(
+            "/api/v1/volumes/{name}/snapshots",
+            get(snapshots::list_snapshots).post(snapshots::create_snapshot),
+        )
+        .route(
+            "/api/v1/volumes/{name}/snapshots/{snapshot}",
+            axum::routing::delete(snapshots::delete_snapshot),
+        )
+        .route(
+            "/api/v1/volumes/{name}/snapshots/{snapshot}/clone",
+            post(snapshots::clone_snapshot),
+        )
+        .route(
+            "/api/v1/volumes/{name}/rollback",
+            post(snapshots::rollback_volume),
+        )
+        .route(
+            "/api/v1/volumes/{name}/snapshot-schedule",
+            get(snapshots::show_schedule)
+                .put(snapshots::set_schedule)
+                .delete(snapshots::delete_schedule),
+        )
+        .route("/api/v1/snapshots", get(snapshots::list_all_snapshots))
         .route("/api/v1/status", get(cluster::status))
         .route("/api/v1/nodes", get(cluster::list_nodes))
         .route(

@@ -410,3 +410,68 @@ pub struct VerifyResponse {
     /// Wall time of a finished verify; 0 while it runs.
     pub elapsed_ms: u64,
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshotRequest {
+    /// The snapshot's name, unique among the volume's snapshots.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotResponse {
+    pub volume: String,
+    pub name: String,
+    /// The same id on every replica; never reused.
+    pub id: u64,
+    /// `creating`, `ready`, `failed` or `deleting`.
+    pub state: String,
+    /// Why it failed.
+    pub error: Option<String>,
+    pub created_unix_seconds: u64,
+    /// The volume's size when it was taken.
+    pub size_bytes: u64,
+    /// The nodes whose replica holds it.
+    pub nodes: Vec<String>,
+    /// Taken by the volume's schedule.
+    pub scheduled: bool,
+    /// Bytes deleting it would give back (on each node holding it).
+    pub exclusive_bytes: u64,
+    /// Bytes it shares with the volume, other snapshots or clones.
+    pub shared_bytes: u64,
+    /// Its read-only NBD export, `VOLUME@SNAPSHOT`, on a node holding it.
+    pub nbd_url: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackRequest {
+    /// The snapshot whose content the volume gets back.
+    pub snapshot: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CloneRequest {
+    /// The new volume's name.
+    pub name: String,
+    /// The resource group of the clone [default: the source volume's].
+    #[serde(default)]
+    pub group: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleRequest {
+    /// Take a snapshot this often (at least 10 s).
+    pub every_secs: u64,
+    /// Keep this many scheduled snapshots; older ones are deleted.
+    pub keep: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ScheduleResponse {
+    pub volume: String,
+    pub every_secs: Option<u64>,
+    pub keep: Option<usize>,
+}

@@ -231,7 +231,7 @@ impl ApiState {
         }
     }
 
-    fn volume_record(&self, name: &VolumeName) -> Result<VolumeRecord, ApiError> {
+    pub(super) fn volume_record(&self, name: &VolumeName) -> Result<VolumeRecord, ApiError> {
         self.cluster
             .state
             .read()
@@ -243,7 +243,7 @@ impl ApiState {
 
     /// Waits until no diskful replica of `name` (id `id`) is pending on an
     /// online node (an offline node makes its replica when it returns).
-    async fn wait_replicas(&self, name: &VolumeName, id: u64) -> Option<VolumeRecord> {
+    pub(super) async fn wait_replicas(&self, name: &VolumeName, id: u64) -> Option<VolumeRecord> {
         let mut latest = None;
         self.cluster
             .wait_for_state(REPLICA_WAIT, |state| match state.volumes.get(name) {
