@@ -701,10 +701,16 @@ impl ClusterState {
             if schedule.due(now_ms) && !volume.snapshot_in_progress() && volume.rollback.is_none() {
                 take.push(volume.name.clone());
             }
+            // A scheduled snapshot that failed is deleted at once.
+            for snapshot in &volume.snapshots {
+                if snapshot.scheduled && matches!(snapshot.state, SnapshotState::Failed { .. }) {
+                    prune.push((volume.name.clone(), snapshot.name.clone()));
+                }
+            }
             let scheduled: Vec<&SnapshotRecord> = volume
                 .snapshots
                 .iter()
-                .filter(|snapshot| snapshot.scheduled && snapshot.state != SnapshotState::Deleting)
+                .filter(|snapshot| snapshot.scheduled && snapshot.is_ready())
                 .collect();
             if scheduled.len() > schedule.keep {
                 for snapshot in &scheduled[..scheduled.len() - schedule.keep] {

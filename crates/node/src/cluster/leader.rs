@@ -118,6 +118,45 @@ pub async fn leader_loop(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>)
         }
         update_liveness(&cluster).await;
         manage_membership(&cluster).await;
+        run_snapshot_schedules(&cluster).await;
+    }
+}
+
+/// Takes the snapshots that schedules say are due (named
+/// `auto-YYYYMMDD-HHMMSS`, UTC) and deletes scheduled ones beyond `keep`.
+/// A refusal (the volume is busy: a rollback, a detach not yet fenced) is
+/// retried on the next round.
+async fn run_snapshot_schedules(cluster: &Cluster) {
+    let now_ms = auth::now_ms();
+    let (take, prune) = cluster.state.read().schedule_work(now_ms);
+    for volume in take {
+        let stamp = trireme_types::time::UtcTime::from_unix(now_ms / 1000).compact();
+        let Ok(name) = trireme_types::SnapshotName::new(format!("auto-{stamp}")) else {
+            continue;
+        };
+        match cluster
+            .write(Command::CreateSnapshot {
+                volume: volume.clone(),
+                name,
+                scheduled: true,
+                now_ms,
+            })
+            .await
+        {
+            Ok(_) => tracing::info!(%volume, "scheduled snapshot asked"),
+            Err(error) => tracing::debug!(%volume, %error, "scheduled snapshot not taken now"),
+        }
+    }
+    for (volume, name) in prune {
+        if let Err(error) = cluster
+            .write(Command::DeleteSnapshot {
+                volume: volume.clone(),
+                name: name.clone(),
+            })
+            .await
+        {
+            tracing::debug!(%volume, snapshot = %name, %error, "scheduled snapshot not deleted now");
+        }
     }
 }
 
