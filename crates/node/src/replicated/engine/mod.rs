@@ -28,7 +28,7 @@ mod tasks;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use trireme_control::{QuorumPolicy, ReplicaKind, VolumeRecord};
@@ -109,8 +109,18 @@ pub(crate) struct Core {
 }
 
 impl Core {
+    /// The driver. A panic under the lock is a broken invariant of the
+    /// protocol: the engine then takes no more input and stops, rather
+    /// than go on from a state it can no longer trust.
     fn lock(&self) -> MutexGuard<'_, Driver> {
-        self.driver.lock().unwrap_or_else(PoisonError::into_inner)
+        self.driver.lock().unwrap_or_else(|poisoned| {
+            let mut driver = poisoned.into_inner();
+            if !driver.stopping {
+                tracing::error!(volume = %driver.volume, "the replication engine failed; the volume is no longer served here (detach and attach it again)");
+                driver.stopping = true;
+            }
+            driver
+        })
     }
 
     /// Hands `input` to the engine and carries out what follows, on this
