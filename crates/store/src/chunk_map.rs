@@ -4,25 +4,33 @@
 //! `written` bitmap says which blocks hold data. Blocks not written read as
 //! zeros, so a new chunk never needs zero-filling, and a chunk whose last
 //! written block is trimmed goes back to the allocator.
+//!
+//! Each entry also carries its **birth epoch**: the volume's epoch when the
+//! entry was made. A snapshot taken at epoch `e` reads every live entry born
+//! at or before `e` (see `docs/snapshots.md`).
 
 use std::collections::HashMap;
 
-/// One mapped chunk: where it lives and which of its blocks hold data.
+/// One mapped chunk: where it lives, which of its blocks hold data, and the
+/// volume epoch it was made in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkEntry {
     pub physical: u32,
     pub written: u16,
+    pub birth: u64,
 }
 
 impl ChunkEntry {
+    /// `physical << 16 | written`; the birth epoch is stored beside it.
     pub fn pack(self) -> u64 {
         ((self.physical as u64) << 16) | self.written as u64
     }
 
-    pub fn unpack(packed: u64) -> ChunkEntry {
+    pub fn unpack(packed: u64, birth: u64) -> ChunkEntry {
         ChunkEntry {
             physical: (packed >> 16) as u32,
             written: packed as u16,
+            birth,
         }
     }
 
@@ -174,8 +182,9 @@ mod tests {
         let entry = ChunkEntry {
             physical: 0xfedc_ba98,
             written: 0x8001,
+            birth: 7,
         };
-        assert_eq!(ChunkEntry::unpack(entry.pack()), entry);
+        assert_eq!(ChunkEntry::unpack(entry.pack(), 7), entry);
         assert!(entry.block_written(0) && entry.block_written(15) && !entry.block_written(1));
     }
 
@@ -203,6 +212,7 @@ mod tests {
                 Some(ChunkEntry {
                     physical: 1,
                     written: 1,
+                    birth: 0,
                 }),
             );
         }

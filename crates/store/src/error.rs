@@ -1,5 +1,5 @@
 use std::path::PathBuf;
-use trireme_types::{PoolName, VolumeName};
+use trireme_types::{PoolName, SnapshotId, VolumeName};
 
 /// Every way a pool or volume operation can fail. `Fatal` cases mean the pool
 /// can no longer be trusted and must be taken offline.
@@ -49,6 +49,10 @@ pub enum StoreError {
         current_bytes: u64,
         requested_bytes: u64,
     },
+    #[error("volume '{volume}' already has snapshot {id}")]
+    SnapshotExists { volume: VolumeName, id: SnapshotId },
+    #[error("volume '{volume}' has no snapshot {id}")]
+    SnapshotNotFound { volume: VolumeName, id: SnapshotId },
     #[error("pool is shut down")]
     ShutDown,
     #[error("pool is damaged and was taken offline: {0}")]

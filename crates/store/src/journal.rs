@@ -31,6 +31,29 @@ pub enum RecordKind {
     /// Whole chunks written straight to freshly allocated chunks: the
     /// record carries their physical numbers and block crcs, not the data.
     Redirect = 4,
+    /// A snapshot of the volume at this point of the sequence; the payload
+    /// is [`SNAPSHOT_PAYLOAD_BYTES`]: snapshot id, creation time and the
+    /// volume's size (u64 each), then zeros.
+    Snapshot = 5,
+}
+
+pub const SNAPSHOT_PAYLOAD_BYTES: u64 = 64;
+
+/// A snapshot record's payload.
+pub fn encode_snapshot_payload(id: u64, created_unix_seconds: u64, size_bytes: u64) -> Vec<u8> {
+    let mut payload = vec![0u8; SNAPSHOT_PAYLOAD_BYTES as usize];
+    payload[0..8].copy_from_slice(&id.to_le_bytes());
+    payload[8..16].copy_from_slice(&created_unix_seconds.to_le_bytes());
+    payload[16..24].copy_from_slice(&size_bytes.to_le_bytes());
+    payload
+}
+
+/// (snapshot id, creation time, size) from a snapshot record's payload.
+pub fn decode_snapshot_payload(payload: &[u8]) -> (u64, u64, u64) {
+    let u64_at = |start: usize| {
+        u64::from_le_bytes(payload[start..start + 8].try_into().expect("8 bytes"))
+    };
+    (u64_at(0), u64_at(8), u64_at(16))
 }
 
 impl RecordKind {
@@ -40,6 +63,7 @@ impl RecordKind {
             2 => Some(RecordKind::Zero),
             3 => Some(RecordKind::Pad),
             4 => Some(RecordKind::Redirect),
+            5 => Some(RecordKind::Snapshot),
             _ => None,
         }
     }
@@ -64,6 +88,7 @@ impl RecordHeader {
         match self.kind {
             RecordKind::Write => self.block_count * BLOCK_BYTES,
             RecordKind::Redirect => redirect_payload_bytes(self.block_count),
+            RecordKind::Snapshot => SNAPSHOT_PAYLOAD_BYTES,
             RecordKind::Zero | RecordKind::Pad => 0,
         }
     }

@@ -14,7 +14,9 @@ use std::path::Path;
 
 pub const SUPERBLOCK_BYTES: u64 = 4096;
 pub const MAGIC: &[u8; 8] = b"TRIREME1";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: snapshots (journal record kind 5, birth epochs, saved maps and
+/// reference counts in the metadata). Pools of version 1 are refused.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Allocation and copy-on-write unit. 64 KiB: a 4 KiB write to a shared
 /// chunk copies 16x its size (not 256x as 1 MiB would), TRIM of 64 KiB

@@ -19,7 +19,8 @@
 //! - `checksums`: the per-block crc32c table and its bounded cache.
 //! - `engine`: the write, read, apply, checkpoint and replay paths.
 //! - [`pool`]: [`Pool`], the public face: create, open, volumes.
-//! - [`volume`]: [`Volume`], a [`trireme_types::BlockTarget`] for one volume.
+//! - [`volume`]: [`Volume`], a [`trireme_types::BlockTarget`] for one volume,
+//!   and [`SnapshotView`], a read-only one for a snapshot.
 
 mod checksums;
 mod chunk_map;
@@ -35,5 +36,5 @@ mod record;
 pub mod volume;
 
 pub use error::StoreError;
-pub use pool::{Pool, PoolConfig, PoolInfo, ScanReport, VolumeInfo};
-pub use volume::Volume;
+pub use pool::{Pool, PoolConfig, PoolInfo, ScanReport, SnapshotInfo, VolumeInfo};
+pub use volume::{SnapshotView, Volume};

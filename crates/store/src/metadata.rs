@@ -1,21 +1,32 @@
 //! The pool's metadata in redb: what the pool is, its volumes, their chunk
 //! maps and the journal checkpoint.
 //!
-//! Chunk maps are written only at checkpoints, in one transaction with the
-//! checkpoint that retires the journal records they came from, so the maps
-//! on disk always describe exactly the records before the checkpoint.
+//! Chunk maps, saved maps, snapshots and reference counts are written only
+//! at checkpoints, in one transaction with the checkpoint that retires the
+//! journal records they came from, so what is on disk always describes
+//! exactly the records before the checkpoint. Snapshot deletion, clones,
+//! rollback and volume deletion change them in memory and then checkpoint,
+//! so each of them commits in that same single transaction.
 
 use crate::chunk_map::ChunkEntry;
 use crate::StoreError;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use trireme_types::{DeviceClass, PoolId, PoolName, VolumeId, VolumeName};
+use trireme_types::{DeviceClass, PoolId, PoolName, SnapshotId, VolumeId, VolumeName};
 
 const POOL: TableDefinition<&str, &[u8]> = TableDefinition::new("pool");
 const VOLUMES: TableDefinition<u64, &[u8]> = TableDefinition::new("volumes");
-/// (volume id, logical chunk) → packed [`ChunkEntry`].
-const CHUNKS: TableDefinition<(u64, u64), u64> = TableDefinition::new("chunks");
+/// (volume id, logical chunk) → (packed [`ChunkEntry`], birth epoch).
+const CHUNKS: TableDefinition<(u64, u64), (u64, u64)> = TableDefinition::new("chunk_map");
+/// (volume id, snapshot id) → JSON [`SnapshotRecord`].
+const SNAPSHOTS: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("snapshots");
+/// (volume id, snapshot id, logical chunk) → (packed entry, birth epoch):
+/// the snapshot's saved map.
+const SAVED: TableDefinition<(u64, u64, u64), (u64, u64)> = TableDefinition::new("saved_map");
+/// Physical chunk → number of map entries (live and saved, of every volume)
+/// that point at it; only chunks with more than one are stored.
+const REFCOUNTS: TableDefinition<u64, u64> = TableDefinition::new("refcounts");
 
 const KEY_POOL: &str = "pool";
 const KEY_CHECKPOINT: &str = "checkpoint";
@@ -37,6 +48,24 @@ pub struct VolumeRecord {
     pub name: VolumeName,
     pub size_bytes: u64,
     pub created_unix_seconds: u64,
+    /// The epoch new map entries are born in; a snapshot takes the current
+    /// one and moves the volume to the next.
+    #[serde(default = "first_epoch")]
+    pub epoch: u64,
+}
+
+fn first_epoch() -> u64 {
+    1
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    /// The volume's epoch when it was taken: it reads entries born at or
+    /// before it.
+    pub epoch: u64,
+    pub created_unix_seconds: u64,
+    /// The volume's size when it was taken.
+    pub size_bytes: u64,
 }
 
 /// Where replay starts: the first journal position and sequence not yet
@@ -78,10 +107,29 @@ pub struct Loaded {
     pub checkpoint: Checkpoint,
     pub volumes: Vec<(VolumeId, VolumeRecord)>,
     pub chunks: Vec<(VolumeId, u64, ChunkEntry)>,
+    pub snapshots: Vec<(VolumeId, SnapshotId, SnapshotRecord)>,
+    pub saved: Vec<(VolumeId, SnapshotId, u64, ChunkEntry)>,
+    pub refcounts: Vec<(u32, u32)>,
 }
 
 /// The change to one map entry that a checkpoint writes.
 pub type ChunkChange = ((VolumeId, u64), Option<ChunkEntry>);
+/// The change to one saved-map entry.
+pub type SavedChange = ((VolumeId, SnapshotId, u64), Option<ChunkEntry>);
+
+/// Everything a checkpoint commits besides the journal position.
+#[derive(Default)]
+pub struct Changes {
+    pub chunks: Vec<ChunkChange>,
+    pub saved: Vec<SavedChange>,
+    /// Physical chunk → reference count (1 or less: the row is removed).
+    pub refcounts: Vec<(u32, u32)>,
+    /// A volume record to write, or `None`: the volume is gone with its
+    /// maps, snapshots and saved maps.
+    pub volumes: Vec<(VolumeId, Option<VolumeRecord>)>,
+    /// A snapshot record to write, or `None`: gone with its saved map.
+    pub snapshots: Vec<((VolumeId, SnapshotId), Option<SnapshotRecord>)>,
+}
 
 pub struct Metadata {
     database: Database,
@@ -134,6 +182,9 @@ impl Metadata {
             );
             db!("create volume table", transaction.open_table(VOLUMES));
             db!("create chunk table", transaction.open_table(CHUNKS));
+            db!("create snapshot table", transaction.open_table(SNAPSHOTS));
+            db!("create saved-map table", transaction.open_table(SAVED));
+            db!("create refcount table", transaction.open_table(REFCOUNTS));
         }
         db!("commit create", transaction.commit());
         Ok(metadata)
@@ -185,18 +236,54 @@ impl Metadata {
         for item in db!("list chunks", chunk_table.iter()) {
             let (key, value) = db!("read chunk", item);
             let (volume, logical) = key.value();
-            chunks.push((VolumeId(volume), logical, ChunkEntry::unpack(value.value())));
+            let (packed, birth) = value.value();
+            chunks.push((VolumeId(volume), logical, ChunkEntry::unpack(packed, birth)));
+        }
+        let mut snapshots = Vec::new();
+        let snapshot_table = db!("open snapshot table", transaction.open_table(SNAPSHOTS));
+        for item in db!("list snapshots", snapshot_table.iter()) {
+            let (key, value) = db!("read snapshot", item);
+            let (volume, snapshot) = key.value();
+            let record: SnapshotRecord =
+                serde_json::from_slice(value.value()).map_err(|_| corrupt("a snapshot record"))?;
+            snapshots.push((VolumeId(volume), SnapshotId(snapshot), record));
+        }
+        let mut saved = Vec::new();
+        let saved_table = db!("open saved-map table", transaction.open_table(SAVED));
+        for item in db!("list saved maps", saved_table.iter()) {
+            let (key, value) = db!("read saved map", item);
+            let (volume, snapshot, logical) = key.value();
+            let (packed, birth) = value.value();
+            saved.push((
+                VolumeId(volume),
+                SnapshotId(snapshot),
+                logical,
+                ChunkEntry::unpack(packed, birth),
+            ));
+        }
+        let mut refcounts = Vec::new();
+        let refcount_table = db!("open refcount table", transaction.open_table(REFCOUNTS));
+        for item in db!("list refcounts", refcount_table.iter()) {
+            let (key, value) = db!("read refcount", item);
+            let physical = u32::try_from(key.value()).map_err(|_| corrupt("a refcount"))?;
+            let count = u32::try_from(value.value()).map_err(|_| corrupt("a refcount"))?;
+            refcounts.push((physical, count));
         }
         Ok(Loaded {
             pool,
             checkpoint,
             volumes,
             chunks,
+            snapshots,
+            saved,
+            refcounts,
         })
     }
 
-    /// Adds a volume and takes the next id, in one transaction.
-    pub fn add_volume(&self, record: &VolumeRecord) -> Result<VolumeId, StoreError> {
+    /// Adds a volume and takes the next id, in one transaction; with no
+    /// record, only takes the id (a clone's record is written by the
+    /// checkpoint that commits its map).
+    pub fn add_volume(&self, record: Option<&VolumeRecord>) -> Result<VolumeId, StoreError> {
         let transaction = db!("begin volume create", self.database.begin_write());
         let id;
         {
@@ -212,61 +299,111 @@ impl Metadata {
                 "bump volume counter",
                 pool_table.insert(KEY_NEXT_VOLUME_ID, (id + 1).to_le_bytes().as_slice())
             );
-            let mut volume_table = db!("open volume table", transaction.open_table(VOLUMES));
-            let bytes = serde_json::to_vec(record).expect("volume record serializes");
-            db!("write volume", volume_table.insert(id, bytes.as_slice()));
+            if let Some(record) = record {
+                let mut volume_table = db!("open volume table", transaction.open_table(VOLUMES));
+                let bytes = serde_json::to_vec(record).expect("volume record serializes");
+                db!("write volume", volume_table.insert(id, bytes.as_slice()));
+            }
         }
         db!("commit volume create", transaction.commit());
         Ok(VolumeId(id))
     }
 
-    pub fn update_volume(&self, id: VolumeId, record: &VolumeRecord) -> Result<(), StoreError> {
-        let transaction = db!("begin volume update", self.database.begin_write());
-        {
-            let mut volume_table = db!("open volume table", transaction.open_table(VOLUMES));
-            let bytes = serde_json::to_vec(record).expect("volume record serializes");
-            db!("write volume", volume_table.insert(id.0, bytes.as_slice()));
-        }
-        db!("commit volume update", transaction.commit());
-        Ok(())
-    }
-
-    /// Removes a volume and every chunk-map entry of it.
-    pub fn remove_volume(&self, id: VolumeId) -> Result<(), StoreError> {
+    /// Removes the rows of a volume that no longer exists (left by an older
+    /// version that deleted volumes outside a checkpoint).
+    pub fn remove_orphans(&self, id: VolumeId) -> Result<(), StoreError> {
         let transaction = db!("begin volume delete", self.database.begin_write());
-        {
-            let mut volume_table = db!("open volume table", transaction.open_table(VOLUMES));
-            db!("remove volume", volume_table.remove(id.0));
-            let mut chunk_table = db!("open chunk table", transaction.open_table(CHUNKS));
-            db!(
-                "remove chunks",
-                chunk_table.retain_in((id.0, 0)..=(id.0, u64::MAX), |_, _| false)
-            );
-        }
+        remove_volume_rows(&transaction, id)?;
         db!("commit volume delete", transaction.commit());
         Ok(())
     }
 
-    /// Writes the chunk-map changes and the new checkpoint in one transaction.
-    pub fn checkpoint(
-        &self,
-        changes: &[ChunkChange],
-        checkpoint: Checkpoint,
-    ) -> Result<(), StoreError> {
+    /// Writes every change and the new checkpoint in one transaction.
+    pub fn checkpoint(&self, changes: &Changes, checkpoint: Checkpoint) -> Result<(), StoreError> {
         let transaction = db!("begin checkpoint", self.database.begin_write());
         {
             let mut chunk_table = db!("open chunk table", transaction.open_table(CHUNKS));
-            for ((volume, logical), entry) in changes {
+            for ((volume, logical), entry) in &changes.chunks {
                 match entry {
                     Some(entry) => {
                         db!(
                             "write chunk",
-                            chunk_table.insert((volume.0, *logical), entry.pack())
+                            chunk_table.insert((volume.0, *logical), (entry.pack(), entry.birth))
                         );
                     }
                     None => {
                         db!("remove chunk", chunk_table.remove((volume.0, *logical)));
                     }
+                }
+            }
+            drop(chunk_table);
+            let mut saved_table = db!("open saved-map table", transaction.open_table(SAVED));
+            for ((volume, snapshot, logical), entry) in &changes.saved {
+                let key = (volume.0, snapshot.0, *logical);
+                match entry {
+                    Some(entry) => {
+                        db!(
+                            "write saved entry",
+                            saved_table.insert(key, (entry.pack(), entry.birth))
+                        );
+                    }
+                    None => {
+                        db!("remove saved entry", saved_table.remove(key));
+                    }
+                }
+            }
+            drop(saved_table);
+            let mut refcount_table = db!("open refcount table", transaction.open_table(REFCOUNTS));
+            for (physical, count) in &changes.refcounts {
+                if *count > 1 {
+                    db!(
+                        "write refcount",
+                        refcount_table.insert(*physical as u64, *count as u64)
+                    );
+                } else {
+                    db!("remove refcount", refcount_table.remove(*physical as u64));
+                }
+            }
+            drop(refcount_table);
+            {
+                let mut snapshot_table =
+                    db!("open snapshot table", transaction.open_table(SNAPSHOTS));
+                let mut saved_table = db!("open saved-map table", transaction.open_table(SAVED));
+                for ((volume, snapshot), record) in &changes.snapshots {
+                    match record {
+                        Some(record) => {
+                            let bytes =
+                                serde_json::to_vec(record).expect("snapshot record serializes");
+                            db!(
+                                "write snapshot",
+                                snapshot_table.insert((volume.0, snapshot.0), bytes.as_slice())
+                            );
+                        }
+                        None => {
+                            db!(
+                                "remove snapshot",
+                                snapshot_table.remove((volume.0, snapshot.0))
+                            );
+                            db!(
+                                "remove saved map",
+                                saved_table.retain_in(
+                                    (volume.0, snapshot.0, 0)..=(volume.0, snapshot.0, u64::MAX),
+                                    |_, _| false
+                                )
+                            );
+                        }
+                    }
+                }
+            }
+            for (volume, record) in &changes.volumes {
+                match record {
+                    Some(record) => {
+                        let mut volume_table =
+                            db!("open volume table", transaction.open_table(VOLUMES));
+                        let bytes = serde_json::to_vec(record).expect("volume record serializes");
+                        db!("write volume", volume_table.insert(volume.0, bytes.as_slice()));
+                    }
+                    None => remove_volume_rows(&transaction, *volume)?,
                 }
             }
             let mut pool_table = db!("open pool table", transaction.open_table(POOL));
@@ -279,8 +416,33 @@ impl Metadata {
         Ok(())
     }
 
-    /// Every chunk-map entry as stored: for the consistency scan.
-    pub fn stored_chunks(&self) -> Result<Vec<(VolumeId, u64, ChunkEntry)>, StoreError> {
-        Ok(self.load()?.chunks)
+    /// Everything as stored: for the consistency scan.
+    pub fn stored(&self) -> Result<Loaded, StoreError> {
+        self.load()
     }
+}
+
+/// Removes a volume's record, chunk map, snapshots and saved maps.
+fn remove_volume_rows(
+    transaction: &redb::WriteTransaction,
+    id: VolumeId,
+) -> Result<(), StoreError> {
+    let mut volume_table = db!("open volume table", transaction.open_table(VOLUMES));
+    db!("remove volume", volume_table.remove(id.0));
+    let mut chunk_table = db!("open chunk table", transaction.open_table(CHUNKS));
+    db!(
+        "remove chunks",
+        chunk_table.retain_in((id.0, 0)..=(id.0, u64::MAX), |_, _| false)
+    );
+    let mut snapshot_table = db!("open snapshot table", transaction.open_table(SNAPSHOTS));
+    db!(
+        "remove snapshots",
+        snapshot_table.retain_in((id.0, 0)..=(id.0, u64::MAX), |_, _| false)
+    );
+    let mut saved_table = db!("open saved-map table", transaction.open_table(SAVED));
+    db!(
+        "remove saved maps",
+        saved_table.retain_in((id.0, 0, 0)..=(id.0, u64::MAX, u64::MAX), |_, _| false)
+    );
+    Ok(())
 }

@@ -6,7 +6,11 @@ use crate::device::{
 };
 use crate::engine::{open_engine, run_applier, run_journal_writer, Engine, VolumeState};
 use crate::layout::{Layout, Superblock, CHUNK_BYTES, SUPERBLOCK_BYTES};
-use crate::metadata::{Metadata, PoolRecord, VolumeRecord};
+use crate::chunk_map::ChunkEntry;
+use crate::engine::View;
+use crate::metadata::{Metadata, PoolRecord, SnapshotRecord, VolumeRecord};
+use std::collections::HashMap;
+use crate::volume::SnapshotView;
 use crate::{StoreError, Volume};
 use serde::Serialize;
 use std::fs::OpenOptions;
@@ -15,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use trireme_types::{DeviceClass, PoolId, PoolName, VolumeId, VolumeName, BLOCK_SIZE};
+use trireme_types::{DeviceClass, PoolId, PoolName, SnapshotId, VolumeId, VolumeName, BLOCK_SIZE};
 
 /// The largest volume: 1 PiB. Far beyond any device here, and small enough
 /// that every block number and byte offset stays far from overflow.
@@ -70,6 +74,21 @@ pub struct VolumeInfo {
     pub allocated_bytes: u64,
     pub created_unix_seconds: u64,
     pub checksum_errors: u64,
+}
+
+/// One snapshot of a volume.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotInfo {
+    pub id: SnapshotId,
+    pub volume: VolumeName,
+    pub created_unix_seconds: u64,
+    /// The volume's size when the snapshot was taken.
+    pub size_bytes: u64,
+    /// Bytes deleting it would give back.
+    pub exclusive_bytes: u64,
+    /// Bytes of chunks it reads that something else (the volume, another
+    /// snapshot, a clone) also holds.
+    pub shared_bytes: u64,
 }
 
 /// What a full scan of a pool found: accounting recomputed from the chunk
@@ -266,8 +285,9 @@ impl Pool {
             created_unix_seconds: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |elapsed| elapsed.as_secs()),
+            epoch: 1,
         };
-        let id = self.engine.metadata.add_volume(&record)?;
+        let id = self.engine.metadata.add_volume(Some(&record))?;
         self.engine
             .lock()
             .volumes
@@ -275,36 +295,14 @@ impl Pool {
         self.volume_info(name)
     }
 
-    /// Deletes the volume and returns its chunks. Open handles of it answer
-    /// `ShuttingDown` from then on.
+    /// Deletes the volume and its snapshots and returns their chunks, except
+    /// those clones still share. Open handles of it answer `ShuttingDown`
+    /// from then on.
     pub fn delete_volume(&self, name: &VolumeName) -> Result<(), StoreError> {
-        let _metadata = self.metadata_lock();
         let id = self.find(name)?;
-        self.engine
-            .lock()
-            .volumes
-            .get_mut(&id)
-            .expect("found")
-            .deleted = true;
         // Records of the volume still in the journal are skipped when applied
         // or replayed: the volume id is never reused.
-        if let Err(error) = self.engine.metadata.remove_volume(id) {
-            self.engine
-                .lock()
-                .volumes
-                .get_mut(&id)
-                .expect("found")
-                .deleted = false;
-            return Err(error);
-        }
-        let mut state = self.engine.lock();
-        let volume = state.volumes.remove(&id).expect("found");
-        for (_, entry) in volume.map.iter() {
-            state.allocator.free(entry.physical);
-        }
-        state.dirty_chunks.retain(|(volume, _)| *volume != id);
-        self.engine.changed.notify_all();
-        Ok(())
+        self.engine.delete_volume(id, name)
     }
 
     /// Grows a volume; shrinking is refused.
@@ -314,25 +312,101 @@ impl Pool {
         new_size_bytes: u64,
     ) -> Result<VolumeInfo, StoreError> {
         check_volume_size(new_size_bytes)?;
-        let _metadata = self.metadata_lock();
         let id = self.find(name)?;
-        let mut record = self.engine.lock().volumes[&id].record.clone();
-        if new_size_bytes < record.size_bytes {
-            return Err(StoreError::ShrinkRefused {
-                name: name.clone(),
-                current_bytes: record.size_bytes,
-                requested_bytes: new_size_bytes,
-            });
-        }
-        record.size_bytes = new_size_bytes;
-        self.engine.metadata.update_volume(id, &record)?;
-        self.engine
-            .lock()
-            .volumes
-            .get_mut(&id)
-            .expect("found")
-            .record = record;
+        self.engine.change_and_checkpoint(|state| {
+            let volume = state
+                .volumes
+                .get_mut(&id)
+                .ok_or_else(|| StoreError::VolumeNotFound(name.clone()))?;
+            if new_size_bytes < volume.record.size_bytes {
+                return Err(StoreError::ShrinkRefused {
+                    name: name.clone(),
+                    current_bytes: volume.record.size_bytes,
+                    requested_bytes: new_size_bytes,
+                });
+            }
+            volume.record.size_bytes = new_size_bytes;
+            state.dirty_volumes.insert(id);
+            Ok(())
+        })?;
         self.volume_info(name)
+    }
+
+    /// The volume's snapshots, oldest first.
+    pub fn snapshots(&self, volume: &VolumeName) -> Result<Vec<SnapshotInfo>, StoreError> {
+        let id = self.find(volume)?;
+        let usage = self
+            .engine
+            .snapshot_usage(id)
+            .ok_or_else(|| StoreError::VolumeNotFound(volume.clone()))?;
+        Ok(usage
+            .into_iter()
+            .map(|usage| SnapshotInfo {
+                id: usage.id,
+                volume: volume.clone(),
+                created_unix_seconds: usage.created_unix_seconds,
+                size_bytes: usage.size_bytes,
+                exclusive_bytes: usage.chunks_exclusive * CHUNK_BYTES,
+                shared_bytes: (usage.chunks_read - usage.chunks_exclusive) * CHUNK_BYTES,
+            })
+            .collect())
+    }
+
+    /// Deletes a snapshot and gives back the space only it held.
+    pub fn delete_snapshot(&self, volume: &VolumeName, id: SnapshotId) -> Result<(), StoreError> {
+        let volume_id = self.find(volume)?;
+        self.engine.delete_snapshot(volume_id, volume, id)
+    }
+
+    /// A read-only view of a snapshot, served as a [`BlockTarget`](trireme_types::BlockTarget).
+    pub fn open_snapshot(
+        &self,
+        volume: &VolumeName,
+        id: SnapshotId,
+    ) -> Result<Arc<SnapshotView>, StoreError> {
+        let volume_id = self.find(volume)?;
+        let size_bytes = {
+            let state = self.engine.lock();
+            let volume_state = state
+                .live_volume(volume_id)
+                .map_err(|_| StoreError::VolumeNotFound(volume.clone()))?;
+            let index =
+                volume_state
+                    .snapshot_index(id)
+                    .ok_or_else(|| StoreError::SnapshotNotFound {
+                        volume: volume.clone(),
+                        id,
+                    })?;
+            volume_state.snapshots[index].record.size_bytes
+        };
+        Ok(Arc::new(SnapshotView {
+            engine: self.engine.clone(),
+            volume: volume_id,
+            volume_name: volume.clone(),
+            id,
+            size_bytes,
+        }))
+    }
+
+    /// A new thin volume `name` with the snapshot's content, sharing every
+    /// chunk with it; writes to either side copy on write. The clone stays
+    /// when the snapshot or its volume is deleted.
+    pub fn clone_volume(
+        &self,
+        source: &VolumeName,
+        id: SnapshotId,
+        name: &VolumeName,
+    ) -> Result<VolumeInfo, StoreError> {
+        let source_id = self.find(source)?;
+        self.engine.clone_snapshot(source_id, source, id, name)?;
+        self.volume_info(name)
+    }
+
+    /// The volume reads as the snapshot again; its snapshots stay. The
+    /// caller makes sure no I/O is in flight on the volume.
+    pub fn rollback_volume(&self, volume: &VolumeName, id: SnapshotId) -> Result<(), StoreError> {
+        let volume_id = self.find(volume)?;
+        self.engine.rollback(volume_id, volume, id)
     }
 
     pub fn volume_info(&self, name: &VolumeName) -> Result<VolumeInfo, StoreError> {
@@ -389,9 +463,10 @@ impl Pool {
         self.engine.checkpoint()
     }
 
-    /// Recomputes accounting from the chunk maps, compares the maps in
-    /// memory with those in the database, and reads every written block
-    /// through the checksum-verifying read path.
+    /// Recomputes accounting from the chunk maps and saved maps (chunks in
+    /// use, reference counts), compares everything in memory with the
+    /// database, and reads every written block of every volume and
+    /// snapshot through the checksum-verifying read path.
     pub fn scan(&self) -> Result<ScanReport, StoreError> {
         self.sync()?;
         let mut report = ScanReport {
@@ -401,79 +476,137 @@ impl Pool {
             checksum_mismatches: Vec::new(),
             problems: Vec::new(),
         };
-        let (mut chunks, used) = {
-            let state = self.engine.lock();
-            let chunks: Vec<_> = state
-                .volumes
-                .iter()
-                .filter(|(_, volume)| !volume.deleted)
-                .flat_map(|(id, volume)| {
-                    volume
-                        .map
-                        .iter()
-                        .map(move |(chunk, entry)| (*id, chunk, entry))
-                })
-                .collect();
-            // Chunks in use but not (or no longer) in a map: fresh chunks of
-            // redirects not yet applied, and chunks freed at the next checkpoint.
-            let in_flight: u64 = state
-                .unapplied
-                .iter()
-                .map(|record| match &record.body {
-                    crate::record::RecordBody::Write { fresh_chunks, .. } => {
-                        fresh_chunks.len() as u64
-                    }
-                    _ => 0,
-                })
-                .sum();
-            let used = state.allocator.used_count() - in_flight - state.deferred_frees.len() as u64;
-            (chunks, used)
+        let memory = {
+            // No checkpoint between reading memory and the database.
+            let _applying = self
+                .engine
+                .apply_lock
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let _metadata = self.metadata_lock();
+            let memory = self.collect_maps(&mut report);
+            let stored = self.engine.metadata.stored()?;
+            compare_stored(&memory, stored, &mut report);
+            memory
         };
-        chunks.sort_unstable_by_key(|(volume, chunk, _)| (*volume, *chunk));
-        report.allocated_chunks_counted = chunks.len() as u64;
-        report.allocated_chunks_accounted = used;
-        let mut physical_seen = std::collections::HashSet::new();
-        for (volume, chunk, entry) in &chunks {
-            if !physical_seen.insert(entry.physical) {
+        let mut references: HashMap<u32, u32> = HashMap::new();
+        for (_, _, entry) in &memory.chunks {
+            *references.entry(entry.physical).or_default() += 1;
+        }
+        for (_, _, _, entry) in &memory.saved {
+            *references.entry(entry.physical).or_default() += 1;
+        }
+        report.allocated_chunks_counted = references.len() as u64;
+        let counted: HashMap<u32, u32> = memory.refcounts.iter().copied().collect();
+        for (physical, count) in &references {
+            let recorded = counted.get(physical).copied().unwrap_or(1);
+            if recorded != *count {
                 report.problems.push(format!(
-                    "physical chunk {} is mapped twice (volume {volume}, chunk {chunk})",
-                    entry.physical
+                    "physical chunk {physical} is mapped {count} times but its reference count is {recorded}"
                 ));
             }
         }
-        let mut stored = self.engine.metadata.stored_chunks()?;
-        stored.sort_unstable_by_key(|(volume, chunk, _)| (*volume, *chunk));
-        if stored != chunks {
-            report.problems.push(format!(
-                "chunk maps in memory ({} entries) differ from the database ({} entries)",
-                chunks.len(),
-                stored.len()
-            ));
+        for (physical, recorded) in &counted {
+            if !references.contains_key(physical) {
+                report.problems.push(format!(
+                    "physical chunk {physical} has reference count {recorded} but is not mapped"
+                ));
+            }
         }
-        self.check_blocks(&chunks, &mut report);
+        self.check_blocks(&memory, &mut report);
         Ok(report)
     }
 
-    fn check_blocks(
-        &self,
-        chunks: &[(VolumeId, u64, crate::chunk_map::ChunkEntry)],
-        report: &mut ScanReport,
-    ) {
+    /// Everything in the maps, sorted, and the chunks the allocator says
+    /// are in use by them.
+    fn collect_maps(&self, report: &mut ScanReport) -> Maps {
+        let state = self.engine.lock();
+        let mut maps = Maps::default();
+        for (id, volume) in state.volumes.iter().filter(|(_, volume)| !volume.deleted) {
+            maps.volumes
+                .push((*id, volume.record.epoch, volume.record.size_bytes));
+            for (chunk, entry) in volume.map.iter() {
+                if entry.birth > volume.record.epoch {
+                    report.problems.push(format!(
+                        "volume {id} chunk {chunk} was born after the volume's epoch"
+                    ));
+                }
+                maps.chunks.push((*id, chunk, entry));
+            }
+            let mut previous_epoch = None;
+            for snapshot in &volume.snapshots {
+                if previous_epoch.is_some_and(|previous| previous >= snapshot.record.epoch)
+                    || snapshot.record.epoch >= volume.record.epoch
+                {
+                    report.problems.push(format!(
+                        "snapshot {} of volume {id} is out of epoch order",
+                        snapshot.id
+                    ));
+                }
+                previous_epoch = Some(snapshot.record.epoch);
+                maps.snapshots.push((*id, snapshot.id, snapshot.record));
+                for (chunk, entry) in snapshot.saved.iter() {
+                    if entry.birth > snapshot.record.epoch {
+                        report.problems.push(format!(
+                            "saved map of snapshot {} of volume {id} holds chunk {chunk} born after it",
+                            snapshot.id
+                        ));
+                    }
+                    maps.saved.push((*id, snapshot.id, chunk, entry));
+                }
+            }
+        }
+        maps.refcounts = state
+            .refcounts
+            .iter()
+            .map(|(physical, count)| (*physical, *count))
+            .collect();
+        // Chunks in use but not (or no longer) in a map: fresh chunks of
+        // redirects not yet applied, and chunks freed at the next checkpoint.
+        let in_flight: u64 = state
+            .unapplied
+            .iter()
+            .map(|record| match &record.body {
+                crate::record::RecordBody::Write { fresh_chunks, .. } => fresh_chunks.len() as u64,
+                _ => 0,
+            })
+            .sum();
+        report.allocated_chunks_accounted =
+            state.allocator.used_count() - in_flight - state.deferred_frees.len() as u64;
+        maps.sort();
+        maps
+    }
+
+    fn check_blocks(&self, maps: &Maps, report: &mut ScanReport) {
         let blocks_per_chunk = CHUNK_BYTES / BLOCK_SIZE;
         let mut buffer = vec![0u8; BLOCK_SIZE as usize];
-        for (volume, chunk, entry) in chunks {
+        let mut check = |volume: VolumeId, view: View, chunk: u64, entry: &ChunkEntry| {
             for bit in 0..blocks_per_chunk {
                 if !entry.block_written(bit) {
                     continue;
                 }
                 let block = chunk * blocks_per_chunk + bit;
                 report.blocks_checked += 1;
-                if let Err(error) = self.engine.read(*volume, block * BLOCK_SIZE, &mut buffer) {
+                if let Err(error) =
+                    self.engine
+                        .read_view(volume, view, block * BLOCK_SIZE, &mut buffer)
+                {
+                    let what = match view {
+                        View::Volume => String::new(),
+                        View::Snapshot(id) => format!(" snapshot {id}"),
+                    };
                     report
                         .checksum_mismatches
-                        .push(format!("volume {volume} block {block}: {error}"));
+                        .push(format!("volume {volume}{what} block {block}: {error}"));
                 }
             }
+        };
+        for (volume, chunk, entry) in &maps.chunks {
+            check(*volume, View::Volume, *chunk, entry);
+        }
+        // Saved entries are what their snapshot reads there.
+        for (volume, snapshot, chunk, entry) in &maps.saved {
+            check(*volume, View::Snapshot(*snapshot), *chunk, entry);
         }
     }
 
@@ -565,6 +698,80 @@ impl Pool {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// The maps of a pool, sorted, for the scan.
+#[derive(Default, PartialEq)]
+struct Maps {
+    volumes: Vec<(VolumeId, u64, u64)>,
+    chunks: Vec<(VolumeId, u64, ChunkEntry)>,
+    snapshots: Vec<(VolumeId, SnapshotId, SnapshotRecord)>,
+    saved: Vec<(VolumeId, SnapshotId, u64, ChunkEntry)>,
+    refcounts: Vec<(u32, u32)>,
+}
+
+impl Maps {
+    fn sort(&mut self) {
+        self.volumes.sort_unstable_by_key(|(id, _, _)| *id);
+        self.chunks.sort_unstable_by_key(|(id, chunk, _)| (*id, *chunk));
+        self.snapshots.sort_unstable_by_key(|(id, snapshot, _)| (*id, *snapshot));
+        self.saved
+            .sort_unstable_by_key(|(id, snapshot, chunk, _)| (*id, *snapshot, *chunk));
+        self.refcounts.sort_unstable();
+    }
+}
+
+/// Reports every way the database differs from the maps in memory.
+fn compare_stored(memory: &Maps, stored: crate::metadata::Loaded, report: &mut ScanReport) {
+    let mut stored = Maps {
+        volumes: stored
+            .volumes
+            .into_iter()
+            .map(|(id, record)| (id, record.epoch, record.size_bytes))
+            .collect(),
+        chunks: stored.chunks,
+        snapshots: stored.snapshots,
+        saved: stored.saved,
+        refcounts: stored.refcounts,
+    };
+    stored.sort();
+    let mut differ = |what: &str, memory_count: usize, stored_count: usize, same: bool| {
+        if !same {
+            report.problems.push(format!(
+                "{what} in memory ({memory_count} entries) differ from the database ({stored_count} entries)"
+            ));
+        }
+    };
+    differ(
+        "volumes",
+        memory.volumes.len(),
+        stored.volumes.len(),
+        memory.volumes == stored.volumes,
+    );
+    differ(
+        "chunk maps",
+        memory.chunks.len(),
+        stored.chunks.len(),
+        memory.chunks == stored.chunks,
+    );
+    differ(
+        "snapshots",
+        memory.snapshots.len(),
+        stored.snapshots.len(),
+        memory.snapshots == stored.snapshots,
+    );
+    differ(
+        "saved maps",
+        memory.saved.len(),
+        stored.saved.len(),
+        memory.saved == stored.saved,
+    );
+    differ(
+        "reference counts",
+        memory.refcounts.len(),
+        stored.refcounts.len(),
+        memory.refcounts == stored.refcounts,
+    );
 }
 
 impl Drop for Pool {

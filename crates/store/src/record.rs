@@ -16,6 +16,13 @@ pub enum RecordBody {
     },
     Zero,
     Pad,
+    /// Snapshot `id` of the record's volume: every record before it is in
+    /// the snapshot, none after. Covers no blocks.
+    Snapshot {
+        id: trireme_types::SnapshotId,
+        created_unix_seconds: u64,
+        size_bytes: u64,
+    },
 }
 
 pub struct Record {
@@ -69,6 +76,7 @@ impl Record {
             RecordBody::Write { .. } => RecordKind::Write,
             RecordBody::Zero => RecordKind::Zero,
             RecordBody::Pad => RecordKind::Pad,
+            RecordBody::Snapshot { .. } => RecordKind::Snapshot,
         }
     }
 
@@ -82,6 +90,7 @@ impl Record {
                 &crate::journal::encode_redirect_payload(fresh_chunks, block_crcs),
             ),
             RecordBody::Write { block_crcs, .. } => crate::journal::data_crc(block_crcs),
+            RecordBody::Snapshot { .. } => crc32c::crc32c(&self.snapshot_payload()),
             _ => 0,
         };
         RecordHeader {
@@ -94,6 +103,22 @@ impl Record {
             block_count: self.block_count,
             data_crc,
         }
+    }
+
+    /// The payload of a snapshot record (empty for other kinds).
+    pub fn snapshot_payload(&self) -> Vec<u8> {
+        match &self.body {
+            RecordBody::Snapshot {
+                id,
+                created_unix_seconds,
+                size_bytes,
+            } => crate::journal::encode_snapshot_payload(id.0, *created_unix_seconds, *size_bytes),
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn is_snapshot(&self) -> bool {
+        matches!(self.body, RecordBody::Snapshot { .. })
     }
 
     pub fn is_redirect(&self) -> bool {

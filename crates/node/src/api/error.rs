@@ -163,6 +163,8 @@ fn store_status(error: &StoreError) -> (StatusCode, &'static str) {
             (StatusCode::BAD_REQUEST, "invalid_size")
         }
         StoreError::ShrinkRefused { .. } => (StatusCode::BAD_REQUEST, "shrink_refused"),
+        StoreError::SnapshotExists { .. } => (StatusCode::CONFLICT, "snapshot_exists"),
+        StoreError::SnapshotNotFound { .. } => (StatusCode::NOT_FOUND, "snapshot_not_found"),
         StoreError::ShutDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
         StoreError::Fatal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "pool_failed"),
     }

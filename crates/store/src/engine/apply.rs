@@ -12,11 +12,11 @@
 //!    A crash anywhere replays from the previous checkpoint, which redoes
 //!    every step above idempotently.
 
-use super::{Engine, State};
+use super::{Engine, SnapshotState, State};
 use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
 use crate::chunk_map::ChunkEntry;
 use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
-use crate::metadata::Checkpoint;
+use crate::metadata::{Changes, Checkpoint, SnapshotRecord};
 use crate::record::{Record, RecordBody};
 use crate::StoreError;
 use std::os::unix::fs::FileExt;
@@ -36,6 +36,69 @@ enum Batch {
     Applied,
     Nothing,
     NeedsCheckpoint,
+}
+
+/// Takes every change since the last checkpoint out of the dirty sets.
+fn collect_changes(state: &mut State) -> Changes {
+    let live = |state: &State, volume: &trireme_types::VolumeId| {
+        state.volumes.get(volume).filter(|volume| !volume.deleted).is_some()
+    };
+    let chunk_keys: Vec<_> = state.dirty_chunks.drain().collect();
+    let chunks = chunk_keys
+        .into_iter()
+        .filter(|(volume, _)| live(state, volume))
+        .map(|(volume, chunk)| ((volume, chunk), state.volumes[&volume].map.get(chunk)))
+        .collect();
+    let saved_keys: Vec<_> = state.dirty_saved.drain().collect();
+    let saved = saved_keys
+        .into_iter()
+        .filter(|(volume, _, _)| live(state, volume))
+        .filter_map(|(volume, snapshot, chunk)| {
+            let volume_state = &state.volumes[&volume];
+            // A deleted snapshot's rows go with its record.
+            let index = volume_state.snapshot_index(snapshot)?;
+            Some((
+                (volume, snapshot, chunk),
+                volume_state.snapshots[index].saved.get(chunk),
+            ))
+        })
+        .collect();
+    let refcount_keys: Vec<_> = state.dirty_refcounts.drain().collect();
+    let refcounts = refcount_keys
+        .into_iter()
+        .map(|physical| (physical, state.refcounts.get(&physical).copied().unwrap_or(1)))
+        .collect();
+    let snapshot_keys: Vec<_> = state.dirty_snapshots.drain().collect();
+    let snapshots = snapshot_keys
+        .into_iter()
+        .filter(|(volume, _)| live(state, volume))
+        .map(|(volume, snapshot)| {
+            let volume_state = &state.volumes[&volume];
+            let record = volume_state
+                .snapshot_index(snapshot)
+                .map(|index| volume_state.snapshots[index].record);
+            ((volume, snapshot), record)
+        })
+        .collect();
+    let volume_keys: Vec<_> = state.dirty_volumes.drain().collect();
+    let volumes = volume_keys
+        .into_iter()
+        .map(|volume| {
+            let record = state
+                .volumes
+                .get(&volume)
+                .filter(|volume| !volume.deleted)
+                .map(|volume| volume.record.clone());
+            (volume, record)
+        })
+        .collect();
+    Changes {
+        chunks,
+        saved,
+        refcounts,
+        volumes,
+        snapshots,
+    }
 }
 
 /// True if `record` writes in place into a chunk filled by a redirect that
@@ -66,6 +129,19 @@ struct InPlace {
     first_index: usize,
     blocks: usize,
     device_offset: u64,
+}
+
+/// Blocks copied from a shared chunk to its private copy before a write
+/// lands there (copy-on-write), in physical block numbers.
+struct CopyBlocks {
+    from_block: u64,
+    to_block: u64,
+    blocks: u64,
+}
+
+/// The written-bitmap bits of blocks `[from, to)` of a chunk.
+fn block_mask(from: u64, to: u64) -> u16 {
+    (((1u32 << to) - 1) & !((1u32 << from) - 1)) as u16
 }
 
 pub fn run_applier(engine: Arc<Engine>) {
@@ -172,6 +248,7 @@ impl Engine {
     /// to tell torn data, which an in-place write would make fail.
     fn apply_batch(&self) -> Result<Batch, StoreError> {
         let mut writes = Vec::new();
+        let mut copies = Vec::new();
         let mut outcome = Batch::Applied;
         let batch: Vec<Arc<Record>> = {
             let mut state = self.lock();
@@ -186,13 +263,25 @@ impl Engine {
                 bytes += record.data_bytes();
                 batch.push(record.clone());
             }
+            // A snapshot starts a batch of its own: the copies that
+            // copy-on-write makes after it read chunks from the device, so
+            // every in-place write before it must be there already.
+            if let Some(at) = batch
+                .iter()
+                .skip(1)
+                .position(|record| record.is_snapshot())
+            {
+                batch.truncate(at + 1);
+            }
             for (index, record) in batch.iter().enumerate() {
                 if writes_into_fresh_chunk(&state, record) {
                     batch.truncate(index);
                     outcome = Batch::NeedsCheckpoint;
                     break;
                 }
-                if let Err(reason) = self.apply_to_maps(&mut state, record, &mut writes) {
+                if let Err(reason) =
+                    self.apply_to_maps(&mut state, record, &mut copies, &mut writes)
+                {
                     self.fail(&mut state, reason.clone());
                     return Err(StoreError::Fatal(reason));
                 }
@@ -204,6 +293,20 @@ impl Engine {
                 Batch::NeedsCheckpoint => Batch::NeedsCheckpoint,
                 _ => Batch::Nothing,
             });
+        }
+        // Copies first: their sources are shared chunks, which nothing in
+        // this batch writes, and in-place writes later in the batch may
+        // land in the chunks they fill.
+        for copy in &copies {
+            if let Err(error) = self.copy_blocks(copy) {
+                let reason = format!(
+                    "copy-on-write of pool block {} failed: {error}",
+                    copy.from_block
+                );
+                let mut state = self.lock();
+                self.fail(&mut state, reason.clone());
+                return Err(StoreError::Fatal(reason));
+            }
         }
         for write in &writes {
             let RecordBody::Write { data, .. } = &write.record.body else {
@@ -242,11 +345,12 @@ impl Engine {
     }
 
     /// Updates maps, allocator and checksums for one record and lists its
-    /// in-place writes. Runs under the lock; does no data I/O.
+    /// copies and in-place writes. Runs under the lock; does no data I/O.
     fn apply_to_maps(
         &self,
         state: &mut State,
         record: &Arc<Record>,
+        copies: &mut Vec<CopyBlocks>,
         writes: &mut Vec<InPlace>,
     ) -> Result<(), String> {
         state.reserved_chunks -= record.reserved_chunks;
@@ -260,6 +364,29 @@ impl Engine {
         }
         match &record.body {
             RecordBody::Pad => {}
+            RecordBody::Snapshot {
+                id,
+                created_unix_seconds,
+                size_bytes,
+            } => {
+                let volume = state.volumes.get_mut(&record.volume).expect("live");
+                volume.pending_snapshots.retain(|pending| pending != id);
+                if volume.snapshot_index(*id).is_none() {
+                    let record_epoch = volume.record.epoch;
+                    volume.snapshots.push(SnapshotState {
+                        id: *id,
+                        record: SnapshotRecord {
+                            epoch: record_epoch,
+                            created_unix_seconds: *created_unix_seconds,
+                            size_bytes: *size_bytes,
+                        },
+                        saved: Default::default(),
+                    });
+                    volume.record.epoch += 1;
+                    state.dirty_snapshots.insert((record.volume, *id));
+                    state.dirty_volumes.insert(record.volume);
+                }
+            }
             RecordBody::Write {
                 block_crcs,
                 fresh_chunks,
@@ -268,49 +395,67 @@ impl Engine {
                 self.apply_redirect(state, record, block_crcs, fresh_chunks)?;
             }
             RecordBody::Write { block_crcs, .. } => {
-                for (index, block) in (record.first_block..record.end_block()).enumerate() {
-                    let chunk = block / BLOCKS_PER_CHUNK;
-                    let bit = block % BLOCKS_PER_CHUNK;
-                    let existing = state.volumes[&record.volume].map.get(chunk);
-                    let mut entry = match existing {
-                        Some(entry) => entry,
-                        None => {
+                let first_chunk = record.first_block / BLOCKS_PER_CHUNK;
+                let end_chunk = record.end_block().div_ceil(BLOCKS_PER_CHUNK);
+                for chunk in first_chunk..end_chunk {
+                    let chunk_first = chunk * BLOCKS_PER_CHUNK;
+                    let from = record.first_block.max(chunk_first);
+                    let to = record.end_block().min(chunk_first + BLOCKS_PER_CHUNK);
+                    let mask = block_mask(from - chunk_first, to - chunk_first);
+                    let volume_state = &state.volumes[&record.volume];
+                    let birth = volume_state.record.epoch;
+                    let mut entry = match volume_state.map.get(chunk) {
+                        Some(entry) if !state.is_shared(volume_state, entry) => entry,
+                        existing => {
                             let physical = state.allocator.allocate().ok_or_else(|| {
                                 format!(
                                     "no free chunk for a reserved write (volume {}, chunk {chunk})",
                                     record.volume
                                 )
                             })?;
-                            ChunkEntry {
+                            let mut entry = ChunkEntry {
                                 physical,
                                 written: 0,
+                                birth,
+                            };
+                            if let Some(shared) = existing {
+                                // Copy-on-write: the blocks this record does
+                                // not overwrite, with their checksums.
+                                entry.written = shared.written & !mask;
+                                self.copy_chunk(state, shared.physical, entry, copies)?;
+                                state.release_entry(record.volume, chunk, shared);
                             }
+                            entry
                         }
                     };
-                    entry.written |= 1 << bit;
+                    entry.written |= mask;
                     let volume = state.volumes.get_mut(&record.volume).expect("live");
                     volume.map.set(chunk, Some(entry));
                     state.dirty_chunks.insert((record.volume, chunk));
-                    let physical_block = entry.physical as u64 * BLOCKS_PER_CHUNK + bit;
-                    state
-                        .checksums
-                        .set(&self.file, &self.layout, physical_block, block_crcs[index])
-                        .map_err(|error| format!("loading checksums failed: {error}"))?;
-                    let device_offset = self.layout.data_block_offset(physical_block);
-                    match writes.last_mut() {
-                        Some(last)
-                            if Arc::ptr_eq(&last.record, record)
-                                && last.device_offset + last.blocks as u64 * BLOCK_BYTES
-                                    == device_offset =>
-                        {
-                            last.blocks += 1
+                    for block in from..to {
+                        let index = (block - record.first_block) as usize;
+                        let bit = block % BLOCKS_PER_CHUNK;
+                        let physical_block = entry.physical as u64 * BLOCKS_PER_CHUNK + bit;
+                        state
+                            .checksums
+                            .set(&self.file, &self.layout, physical_block, block_crcs[index])
+                            .map_err(|error| format!("loading checksums failed: {error}"))?;
+                        let device_offset = self.layout.data_block_offset(physical_block);
+                        match writes.last_mut() {
+                            Some(last)
+                                if Arc::ptr_eq(&last.record, record)
+                                    && last.device_offset + last.blocks as u64 * BLOCK_BYTES
+                                        == device_offset =>
+                            {
+                                last.blocks += 1
+                            }
+                            _ => writes.push(InPlace {
+                                record: record.clone(),
+                                first_index: index,
+                                blocks: 1,
+                                device_offset,
+                            }),
                         }
-                        _ => writes.push(InPlace {
-                            record: record.clone(),
-                            first_index: index,
-                            blocks: 1,
-                            device_offset,
-                        }),
                     }
                 }
             }
@@ -324,16 +469,42 @@ impl Engine {
                     let chunk_first = chunk * BLOCKS_PER_CHUNK;
                     let from = record.first_block.max(chunk_first) - chunk_first;
                     let to = record.end_block().min(chunk_first + BLOCKS_PER_CHUNK) - chunk_first;
-                    let mask = (((1u32 << to) - 1) & !((1u32 << from) - 1)) as u16;
-                    let volume = state.volumes.get_mut(&record.volume).expect("live");
-                    let mut entry = volume.map.get(chunk).expect("listed as mapped");
-                    entry.written &= !mask;
-                    if entry.written == 0 {
-                        volume.map.set(chunk, None);
-                        state.deferred_frees.push(entry.physical);
-                    } else {
-                        volume.map.set(chunk, Some(entry));
+                    let mask = block_mask(from, to);
+                    let volume_state = &state.volumes[&record.volume];
+                    let entry = volume_state.map.get(chunk).expect("listed as mapped");
+                    if entry.written & mask == 0 {
+                        continue;
                     }
+                    let snapshot_reads = volume_state
+                        .newest_snapshot_epoch()
+                        .is_some_and(|epoch| entry.birth <= epoch);
+                    let birth = volume_state.record.epoch;
+                    let written = entry.written & !mask;
+                    let replacement = if snapshot_reads {
+                        // The newest snapshot keeps the entry as it was; the
+                        // volume keeps the rest of the chunk through a
+                        // second reference to it (no data moves).
+                        state.release_entry(record.volume, chunk, entry);
+                        if written != 0 {
+                            state.add_reference(entry.physical);
+                        }
+                        ChunkEntry {
+                            written,
+                            birth,
+                            ..entry
+                        }
+                    } else {
+                        // Only the written-bitmap of this entry changes;
+                        // other entries sharing the chunk keep theirs.
+                        if written == 0 {
+                            state.drop_reference(entry.physical);
+                        }
+                        ChunkEntry { written, ..entry }
+                    };
+                    let volume = state.volumes.get_mut(&record.volume).expect("live");
+                    volume
+                        .map
+                        .set(chunk, (written != 0).then_some(replacement));
                     state.dirty_chunks.insert((record.volume, chunk));
                 }
             }
@@ -341,8 +512,58 @@ impl Engine {
         Ok(())
     }
 
-    /// Points whole chunks at their fresh chunks; the chunks they replace
-    /// are freed after the next checkpoint.
+    /// Lists the copy of `entry.written` blocks from `from_physical` into
+    /// `entry.physical` and copies their checksums.
+    fn copy_chunk(
+        &self,
+        state: &mut State,
+        from_physical: u32,
+        entry: ChunkEntry,
+        copies: &mut Vec<CopyBlocks>,
+    ) -> Result<(), String> {
+        for bit in 0..BLOCKS_PER_CHUNK {
+            if !entry.block_written(bit) {
+                continue;
+            }
+            let from_block = from_physical as u64 * BLOCKS_PER_CHUNK + bit;
+            let to_block = entry.physical as u64 * BLOCKS_PER_CHUNK + bit;
+            state
+                .checksums
+                .get(&self.file, &self.layout, from_block)
+                .and_then(|crc| {
+                    state
+                        .checksums
+                        .set(&self.file, &self.layout, to_block, crc)
+                })
+                .map_err(|error| format!("loading checksums failed: {error}"))?;
+            match copies.last_mut() {
+                Some(last)
+                    if last.from_block + last.blocks == from_block
+                        && last.to_block + last.blocks == to_block =>
+                {
+                    last.blocks += 1
+                }
+                _ => copies.push(CopyBlocks {
+                    from_block,
+                    to_block,
+                    blocks: 1,
+                }),
+            }
+        }
+        Ok(())
+    }
+
+    fn copy_blocks(&self, copy: &CopyBlocks) -> std::io::Result<()> {
+        let mut data = vec![0u8; (copy.blocks * BLOCK_BYTES) as usize];
+        self.file
+            .read_exact_at(&mut data, self.layout.data_block_offset(copy.from_block))?;
+        self.file
+            .write_all_at(&data, self.layout.data_block_offset(copy.to_block))
+    }
+
+    /// Points whole chunks at their fresh chunks; the entries they replace
+    /// are released (kept by a snapshot that reads them, else freed after
+    /// the next checkpoint or one reference fewer).
     fn apply_redirect(
         &self,
         state: &mut State,
@@ -354,18 +575,20 @@ impl Engine {
         for (index, physical) in fresh_chunks.iter().enumerate() {
             let chunk = first_chunk + index as u64;
             let volume = state.volumes.get_mut(&record.volume).expect("live");
+            let birth = volume.record.epoch;
             let replaced = volume.map.get(chunk);
             volume.map.set(
                 chunk,
                 Some(ChunkEntry {
                     physical: *physical,
                     written: u16::MAX,
+                    birth,
                 }),
             );
             state.dirty_chunks.insert((record.volume, chunk));
             if let Some(old) = replaced {
                 assert_ne!(old.physical, *physical, "a fresh chunk was already mapped");
-                state.deferred_frees.push(old.physical);
+                state.release_entry(record.volume, chunk, old);
             }
             state.fresh_since_checkpoint.insert(*physical);
             for bit in 0..BLOCKS_PER_CHUNK {
@@ -396,22 +619,19 @@ impl Engine {
             .metadata_lock
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.checkpoint_holding_locks()
+    }
+
+    /// A checkpoint by a caller that holds the apply lock and the metadata
+    /// lock (snapshot deletion, clones, rollback, volume changes: they
+    /// change the maps in memory and commit them here, in one transaction).
+    pub(super) fn checkpoint_holding_locks(&self) -> Result<(), StoreError> {
         let (changes, pages, checkpoint, freed) = {
             let mut state = self.lock();
             // Chunks freed so far; they stay listed (and count as coming
             // back, for writers waiting for space) until the commit.
             let freed = state.deferred_frees.len();
-            let keys: Vec<_> = state.dirty_chunks.drain().collect();
-            let changes: Vec<_> = keys
-                .into_iter()
-                .filter_map(|(volume, chunk)| {
-                    let volume_state = state
-                        .volumes
-                        .get(&volume)
-                        .filter(|volume| !volume.deleted)?;
-                    Some(((volume, chunk), volume_state.map.get(chunk)))
-                })
-                .collect();
+            let changes = collect_changes(&mut state);
             let checkpoint = Checkpoint {
                 epoch: state.checkpoint_epoch,
                 position: state.applied_position,

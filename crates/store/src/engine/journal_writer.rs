@@ -83,6 +83,10 @@ impl Engine {
             .collect();
         let mut payloads = Vec::new();
         for record in batch {
+            if record.is_snapshot() {
+                payloads.push(record.snapshot_payload());
+                continue;
+            }
             if let RecordBody::Write {
                 data,
                 block_crcs,
@@ -109,6 +113,9 @@ impl Engine {
                     ));
                 }
                 RecordBody::Write { data, .. } => slices.push(IoSlice::new(data)),
+                RecordBody::Snapshot { .. } => slices.push(IoSlice::new(
+                    payloads.next().expect("one payload per snapshot"),
+                )),
                 _ => {}
             }
         }

@@ -15,27 +15,38 @@ mod apply;
 mod journal_writer;
 mod read;
 mod replay;
+mod snapshot;
 mod write;
 
 pub use apply::run_applier;
+pub use read::View;
 pub use journal_writer::run_journal_writer;
 pub use replay::open_engine;
 
 use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
 use crate::chunk_map::{Allocator, VolumeMap};
 use crate::layout::Layout;
-use crate::metadata::{Metadata, VolumeRecord};
+use crate::chunk_map::ChunkEntry;
+use crate::metadata::{Metadata, SnapshotRecord, VolumeRecord};
 use crate::overlay::Overlay;
 use crate::record::Record;
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use trireme_types::{PoolName, TargetError, VolumeId};
+use trireme_types::{PoolName, SnapshotId, TargetError, VolumeId};
 
 /// Data of records not yet applied in place, held in memory for reads and
 /// for the applier. Writers wait when it is reached.
 pub const UNAPPLIED_BYTES_MAX: u64 = 64 << 20;
+
+/// One snapshot of a volume: its epoch, and the entries that the volume's
+/// map no longer holds but that it (and no newer snapshot) reads.
+pub struct SnapshotState {
+    pub id: SnapshotId,
+    pub record: SnapshotRecord,
+    pub saved: VolumeMap,
+}
 
 pub struct VolumeState {
     pub record: VolumeRecord,
@@ -43,6 +54,14 @@ pub struct VolumeState {
     pub overlay: Overlay,
     pub deleted: bool,
     pub checksum_errors: u64,
+    /// Oldest first (increasing epochs).
+    pub snapshots: Vec<SnapshotState>,
+    /// Snapshot records admitted and not yet applied: writes admitted
+    /// meanwhile reserve a chunk for every chunk they touch, as the
+    /// snapshot will make them copy-on-write.
+    pub pending_snapshots: Vec<SnapshotId>,
+    /// A rollback is under way: writes reserve like for a pending snapshot.
+    pub rolling_back: bool,
 }
 
 impl VolumeState {
@@ -54,7 +73,50 @@ impl VolumeState {
             overlay: Overlay::default(),
             deleted: false,
             checksum_errors: 0,
+            snapshots: Vec::new(),
+            pending_snapshots: Vec::new(),
+            rolling_back: false,
         }
+    }
+
+    /// The newest snapshot's epoch: live entries born at or before it are
+    /// read by that snapshot and must not be changed in place.
+    pub fn newest_snapshot_epoch(&self) -> Option<u64> {
+        self.snapshots.last().map(|snapshot| snapshot.record.epoch)
+    }
+
+    pub fn snapshot_index(&self, id: SnapshotId) -> Option<usize> {
+        self.snapshots.iter().position(|snapshot| snapshot.id == id)
+    }
+
+    /// What snapshot `index` holds at `chunk`: the first entry in its own
+    /// saved map or a newer snapshot's, oldest first, else the live entry;
+    /// it is the snapshot's if born at or before the snapshot's epoch.
+    pub fn snapshot_entry(&self, index: usize, chunk: u64) -> Option<ChunkEntry> {
+        let epoch = self.snapshots[index].record.epoch;
+        for snapshot in &self.snapshots[index..] {
+            if let Some(entry) = snapshot.saved.get(chunk) {
+                return (entry.birth <= epoch).then_some(entry);
+            }
+        }
+        self.map.get(chunk).filter(|entry| entry.birth <= epoch)
+    }
+
+    /// Every entry snapshot `index` holds: one pass over the saved maps of
+    /// it and the newer snapshots, then the live map.
+    pub fn snapshot_view(&self, index: usize) -> HashMap<u64, ChunkEntry> {
+        let epoch = self.snapshots[index].record.epoch;
+        let mut view: HashMap<u64, ChunkEntry> = HashMap::new();
+        for snapshot in &self.snapshots[index..] {
+            for (chunk, entry) in snapshot.saved.iter() {
+                view.entry(chunk).or_insert(entry);
+            }
+        }
+        for (chunk, entry) in self.map.iter() {
+            view.entry(chunk).or_insert(entry);
+        }
+        view.retain(|_, entry| entry.birth <= epoch);
+        view
     }
 }
 
@@ -102,6 +164,16 @@ pub struct State {
     pub checkpoint_epoch: u64,
     /// Map entries changed since the last checkpoint.
     pub dirty_chunks: HashSet<(VolumeId, u64)>,
+    /// Physical chunk → number of map entries (live and saved, of every
+    /// volume) pointing at it, for chunks with more than one. A chunk
+    /// listed here is never written in place.
+    pub refcounts: HashMap<u32, u32>,
+    /// Saved-map entries, reference counts, volume records and snapshot
+    /// records changed since the last checkpoint.
+    pub dirty_saved: HashSet<(VolumeId, SnapshotId, u64)>,
+    pub dirty_refcounts: HashSet<u32>,
+    pub dirty_volumes: HashSet<VolumeId>,
+    pub dirty_snapshots: HashSet<(VolumeId, SnapshotId)>,
 }
 
 impl State {
@@ -130,6 +202,61 @@ impl State {
             fresh_since_checkpoint: HashSet::new(),
             checkpoint_epoch: 0,
             dirty_chunks: HashSet::new(),
+            refcounts: HashMap::new(),
+            dirty_saved: HashSet::new(),
+            dirty_refcounts: HashSet::new(),
+            dirty_volumes: HashSet::new(),
+            dirty_snapshots: HashSet::new(),
+        }
+    }
+
+    /// True if the entry must not be written in place: the volume's newest
+    /// snapshot reads it, or another map entry points at its chunk.
+    pub fn is_shared(&self, volume: &VolumeState, entry: ChunkEntry) -> bool {
+        volume
+            .newest_snapshot_epoch()
+            .is_some_and(|epoch| entry.birth <= epoch)
+            || (!self.refcounts.is_empty() && self.refcounts.contains_key(&entry.physical))
+    }
+
+    /// One more map entry points at `physical`.
+    pub fn add_reference(&mut self, physical: u32) {
+        let count = self.refcounts.entry(physical).or_insert(1);
+        *count += 1;
+        self.dirty_refcounts.insert(physical);
+    }
+
+    /// One map entry fewer points at `physical`; the last one gives the
+    /// chunk back after the next checkpoint.
+    pub fn drop_reference(&mut self, physical: u32) {
+        match self.refcounts.get_mut(&physical) {
+            Some(count) => {
+                *count -= 1;
+                if *count <= 1 {
+                    self.refcounts.remove(&physical);
+                }
+                self.dirty_refcounts.insert(physical);
+            }
+            None => self.deferred_frees.push(physical),
+        }
+    }
+
+    /// A live entry leaves `volume`'s map at `chunk` (overwritten by a
+    /// copy, redirected, trimmed, rolled back): the newest snapshot keeps
+    /// it in its saved map if it reads it, otherwise its reference goes.
+    pub fn release_entry(&mut self, volume: VolumeId, chunk: u64, entry: ChunkEntry) {
+        let volume_state = self.volumes.get_mut(&volume).expect("live volume");
+        match volume_state.snapshots.last_mut() {
+            Some(newest) if entry.birth <= newest.record.epoch => {
+                assert!(
+                    newest.saved.get(chunk).is_none(),
+                    "a saved map holds one entry per chunk"
+                );
+                newest.saved.set(chunk, Some(entry));
+                let id = newest.id;
+                self.dirty_saved.insert((volume, id, chunk));
+            }
+            _ => self.drop_reference(entry.physical),
         }
     }
 
@@ -203,6 +330,8 @@ pub struct Engine {
     /// Only one thread applies at a time: the applier, or a caller that
     /// needs everything applied now (scan, shutdown).
     pub apply_lock: Mutex<()>,
+    /// Serialises snapshot creation (the duplicate check and the admission).
+    pub snapshot_lock: Mutex<()>,
     pub checksum_errors: AtomicU64,
 }
 

@@ -13,12 +13,22 @@ use crate::record::{Record, RecordBody};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use trireme_types::{BlockStatusExtent, TargetError, VolumeId};
+use super::VolumeState;
+use crate::chunk_map::ChunkEntry;
+use trireme_types::{BlockStatusExtent, SnapshotId, TargetError, VolumeId};
 
 const READ_ATTEMPTS: usize = 3;
 /// Block status looks at most this many blocks per call (4 GiB); the NBD
 /// client asks again for the rest.
 const BLOCK_STATUS_MAX_BLOCKS: u64 = 1 << 20;
+
+/// What a read reads: the volume (pending records, then its map), or one
+/// of its snapshots (its view of the maps; nothing of it is pending).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum View {
+    Volume,
+    Snapshot(SnapshotId),
+}
 
 enum Step {
     Zero {
@@ -55,6 +65,16 @@ impl Engine {
         offset: u64,
         buffer: &mut [u8],
     ) -> Result<(), TargetError> {
+        self.read_view(volume, View::Volume, offset, buffer)
+    }
+
+    pub fn read_view(
+        &self,
+        volume: VolumeId,
+        view: View,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Result<(), TargetError> {
         if buffer.is_empty() {
             return Ok(());
         }
@@ -68,12 +88,12 @@ impl Engine {
             )));
         }
         if offset.is_multiple_of(BLOCK_BYTES) && length.is_multiple_of(BLOCK_BYTES) {
-            return self.read_blocks(volume, offset / BLOCK_BYTES, buffer);
+            return self.read_blocks(volume, view, offset / BLOCK_BYTES, buffer);
         }
         let first_block = offset / BLOCK_BYTES;
         let end_block = (offset + length).div_ceil(BLOCK_BYTES);
         let mut blocks = vec![0u8; ((end_block - first_block) * BLOCK_BYTES) as usize];
-        self.read_blocks(volume, first_block, &mut blocks)?;
+        self.read_blocks(volume, view, first_block, &mut blocks)?;
         let start = (offset - first_block * BLOCK_BYTES) as usize;
         buffer.copy_from_slice(&blocks[start..start + buffer.len()]);
         Ok(())
@@ -82,6 +102,7 @@ impl Engine {
     fn read_blocks(
         &self,
         volume: VolumeId,
+        view: View,
         first_block: u64,
         buffer: &mut [u8],
     ) -> Result<(), TargetError> {
@@ -91,7 +112,7 @@ impl Engine {
             let plan = {
                 let mut state = self.lock();
                 state.check_usable()?;
-                self.plan(&mut state, volume, first_block, block_count)?
+                self.plan(&mut state, volume, view, first_block, block_count)?
             };
             let mismatches = self
                 .execute(&plan, first_block, buffer, false)?
@@ -137,12 +158,14 @@ impl Engine {
         &self,
         state: &mut State,
         volume: VolumeId,
+        view: View,
         first_block: u64,
         block_count: u64,
     ) -> Result<Plan, TargetError> {
         let end_block = first_block + block_count;
         let volume_state = state.live_volume(volume)?;
-        if end_block * BLOCK_BYTES > volume_state.record.size_bytes {
+        let source = Source::of(volume_state, view)?;
+        if end_block * BLOCK_BYTES > source.size_bytes(volume_state) {
             return Err(TargetError::Invalid(
                 "read past the end of the volume".into(),
             ));
@@ -151,6 +174,10 @@ impl Engine {
             steps: Vec::new(),
             crcs: Vec::new(),
         };
+        if let Source::Snapshot(_) = source {
+            self.plan_in_place(state, volume, source, first_block, end_block, &mut plan)?;
+            return Ok(plan);
+        }
         let segments = volume_state.overlay.lookup(first_block, end_block);
         for segment in segments {
             match segment.record {
@@ -159,7 +186,14 @@ impl Engine {
                     first_block: segment.start,
                     blocks: segment.end - segment.start,
                 }),
-                None => self.plan_in_place(state, volume, segment.start, segment.end, &mut plan)?,
+                None => self.plan_in_place(
+                    state,
+                    volume,
+                    source,
+                    segment.start,
+                    segment.end,
+                    &mut plan,
+                )?,
             }
         }
         Ok(plan)
@@ -169,6 +203,7 @@ impl Engine {
         &self,
         state: &mut State,
         volume: VolumeId,
+        source: Source,
         first: u64,
         end: u64,
         plan: &mut Plan,
@@ -177,7 +212,7 @@ impl Engine {
         while block < end {
             let chunk = block / BLOCKS_PER_CHUNK;
             let chunk_end = ((chunk + 1) * BLOCKS_PER_CHUNK).min(end);
-            let entry = state.volumes[&volume].map.get(chunk);
+            let entry = source.entry(&state.volumes[&volume], chunk);
             match entry {
                 None => push_zero(plan, chunk_end - block),
                 Some(entry) => {
@@ -212,6 +247,16 @@ impl Engine {
         offset: u64,
         buffer: &mut [u8],
     ) -> Option<Result<(), TargetError>> {
+        self.try_read_view(volume, View::Volume, offset, buffer)
+    }
+
+    pub fn try_read_view(
+        &self,
+        volume: VolumeId,
+        view: View,
+        offset: u64,
+        buffer: &mut [u8],
+    ) -> Option<Result<(), TargetError>> {
         let length = buffer.len() as u64;
         if !offset.is_multiple_of(BLOCK_BYTES) || !length.is_multiple_of(BLOCK_BYTES) || length == 0
         {
@@ -228,7 +273,7 @@ impl Engine {
                     "range {offset}+{length} overflows"
                 ))));
             }
-            match self.plan(&mut state, volume, first_block, length / BLOCK_BYTES) {
+            match self.plan(&mut state, volume, view, first_block, length / BLOCK_BYTES) {
                 Ok(plan) => plan,
                 Err(error) => return Some(Err(error)),
             }
@@ -323,10 +368,21 @@ impl Engine {
         offset: u64,
         length: u64,
     ) -> Result<Vec<BlockStatusExtent>, TargetError> {
+        self.block_status_view(volume, View::Volume, offset, length)
+    }
+
+    pub fn block_status_view(
+        &self,
+        volume: VolumeId,
+        view: View,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<BlockStatusExtent>, TargetError> {
         let state = self.lock();
         state.check_usable()?;
         let volume_state = state.live_volume(volume)?;
-        let size = volume_state.record.size_bytes;
+        let source = Source::of(volume_state, view)?;
+        let size = source.size_bytes(volume_state);
         let end = offset
             .checked_add(length)
             .filter(|end| *end <= size && length > 0)
@@ -344,7 +400,15 @@ impl Engine {
             Some((count, kind)) if *kind == data => *count += blocks,
             _ => runs.push((blocks, data)),
         };
-        for segment in volume_state.overlay.lookup(first_block, end_block) {
+        let segments = match source {
+            Source::Volume => volume_state.overlay.lookup(first_block, end_block),
+            Source::Snapshot(_) => vec![crate::overlay::Segment {
+                start: first_block,
+                end: end_block,
+                record: None,
+            }],
+        };
+        for segment in segments {
             if let Some(record) = &segment.record {
                 push(
                     segment.end - segment.start,
@@ -356,7 +420,7 @@ impl Engine {
             while block < segment.end {
                 let chunk = block / BLOCKS_PER_CHUNK;
                 let chunk_end = ((chunk + 1) * BLOCKS_PER_CHUNK).min(segment.end);
-                match volume_state.map.get(chunk) {
+                match source.entry(volume_state, chunk) {
                     None => push(chunk_end - block, false),
                     Some(entry) => {
                         for block in block..chunk_end {
@@ -383,6 +447,40 @@ impl Engine {
             position += blocks * BLOCK_BYTES;
         }
         Ok(extents)
+    }
+}
+
+/// Where map entries come from: the volume's map, or the view of its
+/// snapshot at this index.
+#[derive(Clone, Copy)]
+enum Source {
+    Volume,
+    Snapshot(usize),
+}
+
+impl Source {
+    fn of(volume: &VolumeState, view: View) -> Result<Source, TargetError> {
+        match view {
+            View::Volume => Ok(Source::Volume),
+            View::Snapshot(id) => volume
+                .snapshot_index(id)
+                .map(Source::Snapshot)
+                .ok_or(TargetError::ShuttingDown),
+        }
+    }
+
+    fn size_bytes(self, volume: &VolumeState) -> u64 {
+        match self {
+            Source::Volume => volume.record.size_bytes,
+            Source::Snapshot(index) => volume.snapshots[index].record.size_bytes,
+        }
+    }
+
+    fn entry(self, volume: &VolumeState, chunk: u64) -> Option<ChunkEntry> {
+        match self {
+            Source::Volume => volume.map.get(chunk),
+            Source::Snapshot(index) => volume.snapshot_entry(index, chunk),
+        }
     }
 }
 

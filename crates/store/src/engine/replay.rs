@@ -10,9 +10,12 @@
 //! before accepting writes, so leftovers after the end can never be taken for
 //! records later.
 
-use super::{Engine, State, VolumeState};
+use super::{Engine, SnapshotState, State, VolumeState};
+use crate::chunk_map::ChunkEntry;
+use std::collections::HashMap;
 use crate::journal::{
-    block_crcs, data_crc, decode_redirect_payload, RecordHeader, RecordKind, HEADER_BYTES,
+    block_crcs, data_crc, decode_redirect_payload, decode_snapshot_payload, RecordHeader,
+    RecordKind, HEADER_BYTES, SNAPSHOT_PAYLOAD_BYTES,
 };
 use crate::layout::Layout;
 use crate::layout::{BLOCKS_PER_CHUNK, CHUNK_BYTES};
@@ -36,31 +39,92 @@ pub fn open_engine(
     for (id, record) in loaded.volumes {
         state.volumes.insert(id, VolumeState::new(record));
     }
+    let invalid = |entry: &ChunkEntry| entry.physical as u64 >= layout.chunk_count || entry.written == 0;
     let mut orphans = std::collections::BTreeSet::new();
+    // Map entries per physical chunk, to check the reference counts.
+    let mut references: HashMap<u32, u32> = HashMap::new();
     for (volume, chunk, entry) in loaded.chunks {
         let Some(volume_state) = state.volumes.get_mut(&volume) else {
             orphans.insert(volume);
             continue;
         };
-        if entry.physical as u64 >= layout.chunk_count || entry.written == 0 {
+        if invalid(&entry) || entry.birth > volume_state.record.epoch {
             return Err(StoreError::Fatal(format!(
                 "chunk map of volume {volume} has an invalid entry for chunk {chunk}"
             )));
         }
-        if !state.allocator.mark_used(entry.physical) {
+        *references.entry(entry.physical).or_default() += 1;
+        volume_state.map.set(chunk, Some(entry));
+    }
+    for (volume, id, record) in loaded.snapshots {
+        let Some(volume_state) = state.volumes.get_mut(&volume) else {
+            orphans.insert(volume);
+            continue;
+        };
+        if record.epoch >= volume_state.record.epoch {
             return Err(StoreError::Fatal(format!(
-                "physical chunk {} is mapped twice",
-                entry.physical
+                "snapshot {id} of volume {volume} is newer than its volume"
             )));
         }
-        volume_state.map.set(chunk, Some(entry));
+        volume_state.snapshots.push(SnapshotState {
+            id,
+            record,
+            saved: Default::default(),
+        });
+    }
+    for volume_state in state.volumes.values_mut() {
+        volume_state
+            .snapshots
+            .sort_unstable_by_key(|snapshot| snapshot.record.epoch);
+    }
+    for (volume, id, chunk, entry) in loaded.saved {
+        let Some(volume_state) = state.volumes.get_mut(&volume) else {
+            orphans.insert(volume);
+            continue;
+        };
+        let Some(index) = volume_state.snapshot_index(id) else {
+            return Err(StoreError::Fatal(format!(
+                "saved map of snapshot {id} of volume {volume} has no snapshot"
+            )));
+        };
+        let snapshot = &mut volume_state.snapshots[index];
+        if invalid(&entry) || entry.birth > snapshot.record.epoch {
+            return Err(StoreError::Fatal(format!(
+                "saved map of snapshot {id} of volume {volume} has an invalid entry for chunk {chunk}"
+            )));
+        }
+        *references.entry(entry.physical).or_default() += 1;
+        snapshot.saved.set(chunk, Some(entry));
+    }
+    for (physical, count) in loaded.refcounts {
+        if count > 1 {
+            state.refcounts.insert(physical, count);
+        }
+    }
+    for (physical, count) in &references {
+        let counted = state.refcounts.get(physical).copied().unwrap_or(1);
+        if counted != *count {
+            return Err(StoreError::Fatal(format!(
+                "physical chunk {physical} is mapped {count} times but its reference count is {counted}"
+            )));
+        }
+        state.allocator.mark_used(*physical);
+    }
+    if let Some(physical) = state
+        .refcounts
+        .keys()
+        .find(|physical| !references.contains_key(physical))
+    {
+        return Err(StoreError::Fatal(format!(
+            "physical chunk {physical} has a reference count but is not mapped"
+        )));
     }
     for orphan in orphans {
         tracing::warn!(
             volume = orphan.0,
             "removing chunk-map entries of a deleted volume"
         );
-        metadata.remove_volume(orphan)?;
+        metadata.remove_orphans(orphan)?;
     }
     let checkpoint = loaded.checkpoint;
     state.head = checkpoint.position;
@@ -85,6 +149,7 @@ pub fn open_engine(
         partial_block_lock: Mutex::new(()),
         metadata_lock: Mutex::new(()),
         apply_lock: Mutex::new(()),
+        snapshot_lock: Mutex::new(()),
         checksum_errors: AtomicU64::new(0),
     });
     let replayed = engine.replay(checkpoint.epoch)?;
@@ -158,6 +223,24 @@ impl Engine {
             let lap_left = journal_size - position % journal_size;
             let (body, journal_bytes) = match header.kind {
                 RecordKind::Pad => (RecordBody::Pad, lap_left),
+                RecordKind::Snapshot if header.journal_bytes() <= lap_left => {
+                    let mut payload = vec![0u8; SNAPSHOT_PAYLOAD_BYTES as usize];
+                    self.file
+                        .read_exact_at(&mut payload, physical + HEADER_BYTES)
+                        .map_err(|error| StoreError::io("reading the journal", error))?;
+                    if crc32c::crc32c(&payload) != header.data_crc {
+                        break;
+                    }
+                    let (id, created_unix_seconds, size_bytes) = decode_snapshot_payload(&payload);
+                    (
+                        RecordBody::Snapshot {
+                            id: trireme_types::SnapshotId(id),
+                            created_unix_seconds,
+                            size_bytes,
+                        },
+                        header.journal_bytes(),
+                    )
+                }
                 RecordKind::Zero if header.block_count > 0 => {
                     (RecordBody::Zero, header.journal_bytes())
                 }

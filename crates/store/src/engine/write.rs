@@ -7,6 +7,7 @@
 use super::{Engine, State};
 use crate::journal::{
     block_crcs, record_journal_bytes, redirect_payload_bytes, RECORD_MAX_DATA_BYTES,
+    SNAPSHOT_PAYLOAD_BYTES,
 };
 use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
 use crate::record::{Record, RecordBody};
@@ -209,6 +210,23 @@ impl Engine {
         }
     }
 
+    /// Admits the journal record of snapshot `id` of `volume` (after every
+    /// record admitted so far); returns its sequence.
+    pub fn admit_snapshot(
+        &self,
+        volume: VolumeId,
+        id: trireme_types::SnapshotId,
+        created_unix_seconds: u64,
+        size_bytes: u64,
+    ) -> Result<u64, TargetError> {
+        let body = RecordBody::Snapshot {
+            id,
+            created_unix_seconds,
+            size_bytes,
+        };
+        self.append_blocking(volume, 0, 0, body)
+    }
+
     fn append_blocking(
         &self,
         volume: VolumeId,
@@ -256,6 +274,10 @@ impl Engine {
             RecordBody::Write { data, .. } => data.len() as u64,
             _ => 0,
         };
+        let payload_bytes = match &body {
+            RecordBody::Snapshot { .. } => SNAPSHOT_PAYLOAD_BYTES,
+            _ => data_bytes,
+        };
         let whole_chunks = matches!(body, RecordBody::Write { .. })
             && first_block.is_multiple_of(BLOCKS_PER_CHUNK)
             && block_count.is_multiple_of(BLOCKS_PER_CHUNK);
@@ -271,7 +293,7 @@ impl Engine {
             let journal_bytes = if redirect {
                 record_journal_bytes(redirect_payload_bytes(block_count))
             } else {
-                record_journal_bytes(data_bytes)
+                record_journal_bytes(payload_bytes)
             };
             let volume_state = state.live_volume(volume)?;
             let size = volume_state.record.size_bytes;
@@ -369,12 +391,13 @@ impl Engine {
         state.reserved_chunks += reserve;
         state.unapplied_bytes += data_bytes;
         state.unapplied.push_back(record.clone());
-        state
-            .volumes
-            .get_mut(&volume)
-            .expect("checked live above")
-            .overlay
-            .insert(record.clone());
+        let volume_state = state.volumes.get_mut(&volume).expect("checked live above");
+        match &record.body {
+            // A snapshot covers no blocks; writes admitted until it is
+            // applied reserve for copy-on-write.
+            RecordBody::Snapshot { id, .. } => volume_state.pending_snapshots.push(*id),
+            _ => volume_state.overlay.insert(record.clone()),
+        }
         state.validate(journal_size);
         if state.unapplied_bytes >= super::apply::APPLY_BATCH_MIN_BYTES {
             self.applier_wake.notify_all();
@@ -431,18 +454,26 @@ impl Engine {
 }
 
 /// Chunks a write may have to allocate when it is applied: those not mapped
-/// now, and those a pending zero record may free before it (see
-/// `docs/store-format.md`, "Space accounting").
+/// now, those shared with a snapshot or another entry (copy-on-write), and
+/// those a pending zero record may free or share before it (see
+/// `docs/store-format.md`, "Space accounting"). While a snapshot of the
+/// volume is pending or a rollback runs, every chunk touched.
 fn chunks_to_reserve(state: &State, volume: VolumeId, first_block: u64, block_count: u64) -> u64 {
     let volume_state = &state.volumes[&volume];
     let first_chunk = first_block / BLOCKS_PER_CHUNK;
     let end_chunk = (first_block + block_count).div_ceil(BLOCKS_PER_CHUNK);
+    if !volume_state.pending_snapshots.is_empty() || volume_state.rolling_back {
+        return end_chunk - first_chunk;
+    }
     (first_chunk..end_chunk)
-        .filter(|chunk| {
-            volume_state.map.get(*chunk).is_none()
-                || volume_state
-                    .overlay
-                    .has_zero_in(chunk * BLOCKS_PER_CHUNK, (chunk + 1) * BLOCKS_PER_CHUNK)
+        .filter(|chunk| match volume_state.map.get(*chunk) {
+            None => true,
+            Some(entry) => {
+                state.is_shared(volume_state, entry)
+                    || volume_state
+                        .overlay
+                        .has_zero_in(chunk * BLOCKS_PER_CHUNK, (chunk + 1) * BLOCKS_PER_CHUNK)
+            }
         })
         .count() as u64
 }
