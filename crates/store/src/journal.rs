@@ -50,9 +50,8 @@ pub fn encode_snapshot_payload(id: u64, created_unix_seconds: u64, size_bytes: u
 
 /// (snapshot id, creation time, size) from a snapshot record's payload.
 pub fn decode_snapshot_payload(payload: &[u8]) -> (u64, u64, u64) {
-    let u64_at = |start: usize| {
-        u64::from_le_bytes(payload[start..start + 8].try_into().expect("8 bytes"))
-    };
+    let u64_at =
+        |start: usize| u64::from_le_bytes(payload[start..start + 8].try_into().expect("8 bytes"));
     (u64_at(0), u64_at(8), u64_at(16))
 }
 

@@ -401,7 +401,10 @@ impl Metadata {
                         let mut volume_table =
                             db!("open volume table", transaction.open_table(VOLUMES));
                         let bytes = serde_json::to_vec(record).expect("volume record serializes");
-                        db!("write volume", volume_table.insert(volume.0, bytes.as_slice()));
+                        db!(
+                            "write volume",
+                            volume_table.insert(volume.0, bytes.as_slice())
+                        );
                     }
                     None => remove_volume_rows(&transaction, *volume)?,
                 }

@@ -1,18 +1,18 @@
 //! [`Pool`]: create, open and manage a storage pool and its volumes.
 
+use crate::chunk_map::ChunkEntry;
 use crate::device::{
     allocate_space, device_size, file_is_block_device, fill_zeros, lock_exclusive,
     open_or_create_device, random_u128,
 };
+use crate::engine::View;
 use crate::engine::{open_engine, run_applier, run_journal_writer, Engine, VolumeState};
 use crate::layout::{Layout, Superblock, CHUNK_BYTES, SUPERBLOCK_BYTES};
-use crate::chunk_map::ChunkEntry;
-use crate::engine::View;
 use crate::metadata::{Metadata, PoolRecord, SnapshotRecord, VolumeRecord};
-use std::collections::HashMap;
 use crate::volume::SnapshotView;
 use crate::{StoreError, Volume};
 use serde::Serialize;
+use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -713,8 +713,10 @@ struct Maps {
 impl Maps {
     fn sort(&mut self) {
         self.volumes.sort_unstable_by_key(|(id, _, _)| *id);
-        self.chunks.sort_unstable_by_key(|(id, chunk, _)| (*id, *chunk));
-        self.snapshots.sort_unstable_by_key(|(id, snapshot, _)| (*id, *snapshot));
+        self.chunks
+            .sort_unstable_by_key(|(id, chunk, _)| (*id, *chunk));
+        self.snapshots
+            .sort_unstable_by_key(|(id, snapshot, _)| (*id, *snapshot));
         self.saved
             .sort_unstable_by_key(|(id, snapshot, chunk, _)| (*id, *snapshot, *chunk));
         self.refcounts.sort_unstable();

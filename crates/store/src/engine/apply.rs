@@ -41,7 +41,11 @@ enum Batch {
 /// Takes every change since the last checkpoint out of the dirty sets.
 fn collect_changes(state: &mut State) -> Changes {
     let live = |state: &State, volume: &trireme_types::VolumeId| {
-        state.volumes.get(volume).filter(|volume| !volume.deleted).is_some()
+        state
+            .volumes
+            .get(volume)
+            .filter(|volume| !volume.deleted)
+            .is_some()
     };
     let chunk_keys: Vec<_> = state.dirty_chunks.drain().collect();
     let chunks = chunk_keys
@@ -66,7 +70,12 @@ fn collect_changes(state: &mut State) -> Changes {
     let refcount_keys: Vec<_> = state.dirty_refcounts.drain().collect();
     let refcounts = refcount_keys
         .into_iter()
-        .map(|physical| (physical, state.refcounts.get(&physical).copied().unwrap_or(1)))
+        .map(|physical| {
+            (
+                physical,
+                state.refcounts.get(&physical).copied().unwrap_or(1),
+            )
+        })
         .collect();
     let snapshot_keys: Vec<_> = state.dirty_snapshots.drain().collect();
     let snapshots = snapshot_keys
@@ -266,11 +275,7 @@ impl Engine {
             // A snapshot starts a batch of its own: the copies that
             // copy-on-write makes after it read chunks from the device, so
             // every in-place write before it must be there already.
-            if let Some(at) = batch
-                .iter()
-                .skip(1)
-                .position(|record| record.is_snapshot())
-            {
+            if let Some(at) = batch.iter().skip(1).position(|record| record.is_snapshot()) {
                 batch.truncate(at + 1);
             }
             for (index, record) in batch.iter().enumerate() {
@@ -502,9 +507,7 @@ impl Engine {
                         ChunkEntry { written, ..entry }
                     };
                     let volume = state.volumes.get_mut(&record.volume).expect("live");
-                    volume
-                        .map
-                        .set(chunk, (written != 0).then_some(replacement));
+                    volume.map.set(chunk, (written != 0).then_some(replacement));
                     state.dirty_chunks.insert((record.volume, chunk));
                 }
             }
@@ -530,11 +533,7 @@ impl Engine {
             state
                 .checksums
                 .get(&self.file, &self.layout, from_block)
-                .and_then(|crc| {
-                    state
-                        .checksums
-                        .set(&self.file, &self.layout, to_block, crc)
-                })
+                .and_then(|crc| state.checksums.set(&self.file, &self.layout, to_block, crc))
                 .map_err(|error| format!("loading checksums failed: {error}"))?;
             match copies.last_mut() {
                 Some(last)

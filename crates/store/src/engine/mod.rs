@@ -19,14 +19,14 @@ mod snapshot;
 mod write;
 
 pub use apply::run_applier;
-pub use read::View;
 pub use journal_writer::run_journal_writer;
+pub use read::View;
 pub use replay::open_engine;
 
 use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
+use crate::chunk_map::ChunkEntry;
 use crate::chunk_map::{Allocator, VolumeMap};
 use crate::layout::Layout;
-use crate::chunk_map::ChunkEntry;
 use crate::metadata::{Metadata, SnapshotRecord, VolumeRecord};
 use crate::overlay::Overlay;
 use crate::record::Record;

@@ -7,14 +7,14 @@
 //! it counts as corruption: only a mismatch that repeats with the same
 //! location and checksum is reported (EIO).
 
+use super::VolumeState;
 use super::{Engine, State};
+use crate::chunk_map::ChunkEntry;
 use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
 use crate::record::{Record, RecordBody};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use super::VolumeState;
-use crate::chunk_map::ChunkEntry;
 use trireme_types::{BlockStatusExtent, SnapshotId, TargetError, VolumeId};
 
 const READ_ATTEMPTS: usize = 3;

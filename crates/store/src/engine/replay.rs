@@ -12,7 +12,6 @@
 
 use super::{Engine, SnapshotState, State, VolumeState};
 use crate::chunk_map::ChunkEntry;
-use std::collections::HashMap;
 use crate::journal::{
     block_crcs, data_crc, decode_redirect_payload, decode_snapshot_payload, RecordHeader,
     RecordKind, HEADER_BYTES, SNAPSHOT_PAYLOAD_BYTES,
@@ -22,6 +21,7 @@ use crate::layout::{BLOCKS_PER_CHUNK, CHUNK_BYTES};
 use crate::metadata::{Loaded, Metadata};
 use crate::record::{Record, RecordBody};
 use crate::StoreError;
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::AtomicU64;
@@ -39,7 +39,8 @@ pub fn open_engine(
     for (id, record) in loaded.volumes {
         state.volumes.insert(id, VolumeState::new(record));
     }
-    let invalid = |entry: &ChunkEntry| entry.physical as u64 >= layout.chunk_count || entry.written == 0;
+    let invalid =
+        |entry: &ChunkEntry| entry.physical as u64 >= layout.chunk_count || entry.written == 0;
     let mut orphans = std::collections::BTreeSet::new();
     // Map entries per physical chunk, to check the reference counts.
     let mut references: HashMap<u32, u32> = HashMap::new();

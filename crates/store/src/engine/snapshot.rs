@@ -211,7 +211,9 @@ impl Engine {
             let clone = self.metadata.add_volume(None)?;
             let mut clone_state = VolumeState::new(record);
             for (chunk, entry) in view {
-                clone_state.map.set(chunk, Some(ChunkEntry { birth: 0, ..entry }));
+                clone_state
+                    .map
+                    .set(chunk, Some(ChunkEntry { birth: 0, ..entry }));
                 state.add_reference(entry.physical);
                 state.dirty_chunks.insert((clone, chunk));
             }
@@ -260,12 +262,13 @@ impl Engine {
             .volumes
             .get(&volume)
             .ok_or_else(|| StoreError::VolumeNotFound(name.clone()))?;
-        let index = volume_state
-            .snapshot_index(id)
-            .ok_or_else(|| StoreError::SnapshotNotFound {
-                volume: name.clone(),
-                id,
-            })?;
+        let index =
+            volume_state
+                .snapshot_index(id)
+                .ok_or_else(|| StoreError::SnapshotNotFound {
+                    volume: name.clone(),
+                    id,
+                })?;
         let epoch = volume_state.snapshots[index].record.epoch;
         let birth = volume_state.record.epoch;
         let mut view = volume_state.snapshot_view(index);
