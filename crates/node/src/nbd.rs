@@ -82,8 +82,37 @@ fn without_stalling_the_reactor<T>(work: impl FnOnce() -> T) -> T {
     }
 }
 
+impl NodeExports {
+    /// `VOLUME@SNAPSHOT`: a ready snapshot whose copy is on this node,
+    /// read-only.
+    fn open_snapshot(&self, volume: &str, snapshot: &str) -> Option<Arc<dyn BlockTarget>> {
+        let cluster = self.cluster.get()?;
+        let volume = VolumeName::new(volume).ok()?;
+        let (id, holders) = crate::replicated::snapshots::snapshot_holders(
+            &cluster.state.read(),
+            &volume,
+            snapshot,
+        )?;
+        if !holders.contains(&cluster.node_id()) {
+            tracing::warn!(%volume, snapshot, "not served here: this node holds no copy of the snapshot");
+            return None;
+        }
+        let view = without_stalling_the_reactor(|| self.node.open_snapshot(&volume, id));
+        match view {
+            Ok(view) => Some(view),
+            Err(error) => {
+                tracing::warn!(%volume, snapshot, %error, "cannot open the snapshot");
+                None
+            }
+        }
+    }
+}
+
 impl ExportRegistry for NodeExports {
     fn open(&self, name: &str) -> Option<Arc<dyn BlockTarget>> {
+        if let Some((volume, snapshot)) = name.split_once('@') {
+            return self.open_snapshot(volume, snapshot);
+        }
         if let Ok(volume) = VolumeName::new(name) {
             if self.replication.attached_here(&volume) == Some(true) {
                 return self.replication.target(&volume);

@@ -47,6 +47,9 @@ pub async fn run(
         if let Err(error) = replication.reconcile().await {
             tracing::warn!(%error, "starting the engines of volumes attached here failed; retrying");
         }
+        if let Err(error) = replication.reconcile_snapshots().await {
+            tracing::warn!(%error, "snapshot work on this node failed; retrying");
+        }
         tokio::select! {
             _ = changes.changed() => {}
             _ = tokio::time::sleep(RESYNC_INTERVAL) => {}
@@ -122,14 +125,30 @@ pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), N
                 let (name, size) = (volume.name.clone(), volume.size_bytes);
                 blocking(node, move |node| node.grow_volume(&name, size)).await
             }
-            None => {
-                let (name, size, pool) =
-                    (volume.name.clone(), volume.size_bytes, replica.pool.clone());
-                blocking(node, move |node| {
-                    node.create_volume(&name, size, pool.as_ref())
-                })
-                .await
-            }
+            None => match volume
+                .origin
+                .as_ref()
+                .filter(|origin| origin.holders.contains(&me))
+            {
+                // A clone's first copies are made from the snapshot's copy
+                // here, sharing its chunks.
+                Some(origin) => {
+                    let (name, source, snapshot) =
+                        (volume.name.clone(), origin.volume.clone(), origin.snapshot);
+                    blocking(node, move |node| {
+                        node.clone_volume(&source, snapshot, &name)
+                    })
+                    .await
+                }
+                None => {
+                    let (name, size, pool) =
+                        (volume.name.clone(), volume.size_bytes, replica.pool.clone());
+                    blocking(node, move |node| {
+                        node.create_volume(&name, size, pool.as_ref())
+                    })
+                    .await
+                }
+            },
         };
         let (observed, allocated) = match outcome {
             Ok(info) => (ReplicaObserved::Ready, info.allocated_bytes),

@@ -10,8 +10,10 @@
 //!
 //! - `pools`: create, delete, list and scan pools; the default pool.
 //! - `volumes`: create, delete, grow and list volumes; opening them for NBD.
+//! - `snapshots`: list, delete, open, clone and roll back snapshots.
 
 mod pools;
+mod snapshots;
 mod volumes;
 
 pub use pools::{NewPool, PoolStatus, DEFAULT_POOL_NAME};

@@ -24,6 +24,11 @@ impl NodeState {
         Ok(None)
     }
 
+    /// The online pool holding `name`, if any.
+    pub(super) fn pool_of(&self, name: &VolumeName) -> Result<Option<Arc<Pool>>, NodeError> {
+        Ok(self.pool_of_volume(name)?.map(|(_, pool)| pool))
+    }
+
     fn require_pool_of_volume(&self, name: &VolumeName) -> Result<Arc<Pool>, NodeError> {
         match self.pool_of_volume(name)? {
             Some((_, pool)) => Ok(pool),

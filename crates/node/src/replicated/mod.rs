@@ -9,11 +9,13 @@
 //! - [`engine`]: a primary engine under tokio.
 //! - `local`: the engine's link to this node's own copy, in-process.
 //! - [`volume`]: an attached volume as an NBD target.
+//! - [`snapshots`]: snapshots, rollbacks and fencing on this node.
 
 pub mod engine;
 mod local;
 pub mod meta;
 pub mod serve;
+pub mod snapshots;
 pub mod volume;
 pub mod wire;
 
@@ -37,6 +39,8 @@ pub struct Replication {
     meta: Arc<ReplicationMeta>,
     cluster: OnceLock<(Arc<Cluster>, Arc<ReplicaService>)>,
     engines: Mutex<BTreeMap<VolumeName, Arc<EngineHandle>>>,
+    /// Snapshots this node's engines are taking (asked once each).
+    taking: Mutex<std::collections::BTreeSet<(VolumeName, trireme_types::SnapshotId)>>,
 }
 
 impl Replication {
@@ -48,6 +52,7 @@ impl Replication {
             meta,
             cluster: OnceLock::new(),
             engines: Mutex::new(BTreeMap::new()),
+            taking: Mutex::new(Default::default()),
         }))
     }
 

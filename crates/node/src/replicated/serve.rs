@@ -375,9 +375,9 @@ pub(super) fn execute(volume: &Volume, message: ToReplica) -> FromReplica {
         },
         ToReplica::Snapshot { seq, snapshot } => FromReplica::Ack {
             seq,
-            result: Err(ReplicaError::Refused(format!(
-                "snapshot {snapshot}: this store does not take snapshots yet"
-            ))),
+            result: volume
+                .snapshot(snapshot)
+                .map_err(|error| ReplicaError::Io(format!("snapshot {snapshot}: {error}"))),
         },
         ToReplica::Hello { .. } | ToReplica::Goodbye => unreachable!("handled by the caller"),
     }
