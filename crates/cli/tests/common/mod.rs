@@ -8,6 +8,7 @@
 //!   acknowledged (used by the crash, byte-flip and full-pool tests).
 #![allow(dead_code)]
 
+pub mod block;
 pub mod nbd_client;
 pub mod replicated;
 

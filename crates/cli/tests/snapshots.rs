@@ -1,0 +1,301 @@
+//! Snapshots, clones and rollback with three real nodes on 127.0.0.1:
+//! - qemu-io writes pattern A, a snapshot, pattern B: the snapshot's
+//!   read-only export reads A (on every node holding it, and through
+//!   qemu-img convert), the volume reads B; after a rollback it reads A;
+//! - mkfs.ext4 and files, a snapshot while mounted, more files, then a
+//!   clone through nbdfuse + loop: the first files are there, the later
+//!   ones are not, and fsck is clean;
+//! - a detached volume's snapshot, schedules, deletes that return space,
+//!   and the errors bad requests get.
+
+mod common;
+
+use common::block::{block_device_missing, BlockDevice};
+use common::replicated::*;
+use common::*;
+use serde_json::Value;
+use std::time::Duration;
+
+fn snapshot_uri(node: &TestNode, volume: &str, snapshot: &str) -> String {
+    node.uri(&format!("{volume}@{snapshot}"))
+}
+
+fn snapshots(node: &TestNode, volume: &str) -> Vec<Value> {
+    node.cli_json(&["snapshot", "list", volume])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// qemu-io on a read-only export.
+fn qemu_io_read_only(uri: &str, commands: &[&str]) -> CmdOut {
+    let mut command = std::process::Command::new("qemu-io");
+    command.args(["-r", "-f", "raw"]);
+    for c in commands {
+        command.args(["-c", c]);
+    }
+    command.arg(uri);
+    exec(&mut command, Duration::from_secs(120))
+}
+
+#[test]
+fn a_snapshot_keeps_what_was_written_before_it_and_a_rollback_brings_it_back() {
+    if !tools_or_skip(&["qemu-io", "qemu-img"]) {
+        return;
+    }
+    let nodes = three_nodes();
+    nodes[0].cli(&["volume", "create", "sv", "--size", "64M"]);
+    wait_in_sync(&nodes[0], "sv", Duration::from_secs(30));
+    attach(&nodes[0], "sv", "n1", &[]);
+    wait_served(&nodes[0], "sv");
+    let uri = nodes[0].uri("sv");
+    qemu_io_all(&uri, &["write -P 0xa1 0 8M"]);
+
+    // Taken while attached, without a flush first: the barrier orders it.
+    let taken = nodes[1].cli_json(&["snapshot", "create", "sv", "s1"]);
+    assert_eq!(taken["state"], "ready", "{taken:#}");
+    assert_eq!(
+        taken["nodes"].as_array().map(Vec::len),
+        Some(3),
+        "every replica takes it: {taken:#}"
+    );
+    qemu_io_all(
+        &uri,
+        &["write -P 0xb2 0 4M", "write -P 0xb3 16M 1M", "flush"],
+    );
+
+    // The snapshot reads A on every node that holds it; the volume reads B.
+    for node in &nodes {
+        let out = qemu_io_read_only(
+            &snapshot_uri(node, "sv", "s1"),
+            &["read -P 0xa1 0 8M", "read -P 0 16M 1M"],
+        );
+        assert!(qemu_io_ok(&out), "{}", out.describe("read the snapshot"));
+    }
+    qemu_io_all(
+        &uri,
+        &[
+            "read -P 0xb2 0 4M",
+            "read -P 0xa1 4M 4M",
+            "read -P 0xb3 16M 1M",
+        ],
+    );
+    // Read-only: a write to the snapshot is refused.
+    let mut write = qemu_io(&snapshot_uri(&nodes[0], "sv", "s1"), &["write -P 1 0 4k"]);
+    let out = exec(&mut write, Duration::from_secs(60));
+    assert!(!qemu_io_ok(&out), "a write to a snapshot succeeded");
+
+    // A backup through qemu-img convert is the snapshot's content.
+    let backup = TempDir::new("backup");
+    let image = backup.path().join("s1.raw");
+    run(&mut cmd(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &snapshot_uri(&nodes[2], "sv", "s1"),
+            image.to_str().unwrap(),
+        ],
+    ));
+    let bytes = std::fs::read(&image).unwrap();
+    assert_eq!(bytes.len(), 64 << 20);
+    assert!(bytes[..8 << 20].iter().all(|&b| b == 0xa1));
+    assert!(bytes[8 << 20..].iter().all(|&b| b == 0));
+
+    // Bad requests name what was wrong.
+    let again = nodes[0].cli_fail(&["snapshot", "create", "sv", "s1"]);
+    assert!(
+        again.stderr.contains("already has a snapshot named 's1'"),
+        "{}",
+        again.describe("a second s1")
+    );
+    let unknown = nodes[0].cli_fail(&["snapshot", "create", "nosuch", "s1"]);
+    assert!(
+        unknown.stderr.contains("nosuch"),
+        "{}",
+        unknown.describe("unknown volume")
+    );
+    let attached = nodes[0].cli_fail(&["volume", "rollback", "sv", "s1"]);
+    assert!(
+        attached.stderr.contains("detach it first"),
+        "{}",
+        attached.describe("rollback while attached")
+    );
+    let missing = nodes[0].cli_fail(&["snapshot", "delete", "sv", "nosuch"]);
+    assert!(
+        missing.stderr.contains("no snapshot named 'nosuch'"),
+        "{}",
+        missing.describe("delete an unknown snapshot")
+    );
+
+    // Rollback: the volume reads A again, wherever it is attached next.
+    nodes[0].cli(&["volume", "detach", "sv"]);
+    nodes[0].cli(&["volume", "rollback", "sv", "s1"]);
+    attach(&nodes[0], "sv", "n2", &[]);
+    wait_served(&nodes[1], "sv");
+    qemu_io_all(
+        &nodes[1].uri("sv"),
+        &["read -P 0xa1 0 8M", "read -P 0 16M 1M"],
+    );
+    let listed = snapshots(&nodes[2], "sv");
+    assert_eq!(listed.len(), 1, "{listed:#?}");
+    assert_eq!(listed[0]["name"], "s1");
+
+    // Deleted, it is gone from every node and its export with it.
+    nodes[0].cli(&["snapshot", "delete", "sv", "s1"]);
+    assert!(snapshots(&nodes[0], "sv").is_empty());
+    let gone = qemu_io_read_only(&snapshot_uri(&nodes[0], "sv", "s1"), &["read 0 4k"]);
+    assert!(!qemu_io_ok(&gone), "a deleted snapshot is still served");
+    for node in &nodes {
+        node.assert_scan_clean("default");
+    }
+}
+
+#[test]
+fn a_clone_of_a_file_system_snapshot_has_the_files_of_that_moment() {
+    if let Some(missing) = block_device_missing() {
+        skip(&missing);
+        return;
+    }
+    let nodes = three_nodes();
+    nodes[0].cli(&["volume", "create", "fsv", "--size", "128M"]);
+    wait_in_sync(&nodes[0], "fsv", Duration::from_secs(30));
+    attach(&nodes[0], "fsv", "n1", &[]);
+    wait_served(&nodes[0], "fsv");
+    let mut disk = BlockDevice::attach(&nodes[0].uri("fsv"), 128 << 20);
+    disk.mkfs_ext4();
+    disk.mount();
+    let first = disk.mount_dir.join("first");
+    std::fs::create_dir_all(&first).unwrap();
+    for i in 0..50 {
+        std::fs::write(
+            first.join(format!("f{i}")),
+            format!("first {i}\n").repeat(i + 1),
+        )
+        .unwrap();
+    }
+    random_file(&disk.mount_dir.join("big.bin"), 8 << 20, 11);
+    let big = sha256(&disk.mount_dir.join("big.bin"));
+    run(&mut cmd("sync", &[] as &[&str]));
+    // Taken while mounted: crash-consistent, as if the machine had died.
+    nodes[0].cli(&["snapshot", "create", "fsv", "before"]);
+    let later = disk.mount_dir.join("later");
+    std::fs::create_dir_all(&later).unwrap();
+    for i in 0..20 {
+        std::fs::write(later.join(format!("g{i}")), "later\n").unwrap();
+    }
+    std::fs::remove_file(first.join("f0")).unwrap();
+    run(&mut cmd("sync", &[] as &[&str]));
+    disk.unmount();
+    drop(disk);
+
+    // The clone is made from the snapshot's copies, on the same nodes.
+    let clone = nodes[1].cli_json(&["volume", "create", "fsc", "--from-snapshot", "fsv@before"]);
+    assert_eq!(clone["size_bytes"], 128 << 20, "{clone:#}");
+    wait_in_sync(&nodes[0], "fsc", Duration::from_secs(30));
+    attach(&nodes[0], "fsc", "n2", &[]);
+    wait_served(&nodes[1], "fsc");
+    let mut disk = BlockDevice::attach(&nodes[1].uri("fsc"), 128 << 20);
+    // Mounting replays the journal the snapshot caught mid-flight.
+    disk.mount();
+    for i in 0..50 {
+        let text = std::fs::read_to_string(disk.mount_dir.join("first").join(format!("f{i}")))
+            .unwrap_or_else(|error| panic!("first/f{i} missing from the clone: {error}"));
+        assert_eq!(text, format!("first {i}\n").repeat(i + 1));
+    }
+    assert_eq!(sha256(&disk.mount_dir.join("big.bin")), big);
+    assert!(
+        !disk.mount_dir.join("later").exists(),
+        "files written after the snapshot are in the clone"
+    );
+    disk.unmount();
+    let out = disk.fsck();
+    assert!(
+        out.success(),
+        "{}",
+        out.describe("fsck.ext4 -fn of the clone")
+    );
+    drop(disk);
+
+    // The clone is a volume of its own: the source and its snapshot go,
+    // the clone stays readable.
+    nodes[0].cli(&["snapshot", "delete", "fsv", "before"]);
+    nodes[0].cli(&["volume", "detach", "fsv"]);
+    nodes[0].cli(&["volume", "delete", "fsv"]);
+    qemu_io_all(&nodes[1].uri("fsc"), &["read 0 1M"]);
+    for node in &nodes {
+        node.assert_scan_clean("default");
+    }
+}
+
+#[test]
+fn a_detached_volume_is_snapshotted_by_its_replicas_and_schedules_prune() {
+    if !tools_or_skip(&["qemu-io"]) {
+        return;
+    }
+    let nodes = three_nodes();
+    nodes[0].cli(&["volume", "create", "dv", "--size", "32M"]);
+    wait_in_sync(&nodes[0], "dv", Duration::from_secs(30));
+    attach(&nodes[0], "dv", "n1", &[]);
+    wait_served(&nodes[0], "dv");
+    qemu_io_all(&nodes[0].uri("dv"), &["write -P 0x5c 0 2M"]);
+    nodes[0].cli(&["volume", "detach", "dv"]);
+    // Detached: each replica's node takes it, once fenced.
+    let taken = nodes[2].cli_json(&["snapshot", "create", "dv", "cold"]);
+    assert_eq!(taken["state"], "ready", "{taken:#}");
+    assert_eq!(
+        taken["nodes"].as_array().map(Vec::len),
+        Some(3),
+        "{taken:#}"
+    );
+    for node in &nodes {
+        let out = qemu_io_read_only(&snapshot_uri(node, "dv", "cold"), &["read -P 0x5c 0 2M"]);
+        assert!(
+            qemu_io_ok(&out),
+            "{}",
+            out.describe("read the detached snapshot")
+        );
+    }
+
+    // A schedule every 10 s keeping 2: after the third, the first is pruned.
+    let refused =
+        nodes[0].cli_fail(&["snapshot", "schedule", "dv", "--every", "1s", "--keep", "2"]);
+    assert!(
+        refused.stderr.contains("too often"),
+        "{}",
+        refused.describe("1 s")
+    );
+    nodes[0].cli(&[
+        "snapshot", "schedule", "dv", "--every", "10s", "--keep", "2",
+    ]);
+    let schedule = nodes[1].cli_json(&["snapshot", "schedule", "dv"]);
+    assert_eq!(schedule["every_secs"], 10, "{schedule:#}");
+    let cold_id = taken["id"].as_u64().unwrap();
+    let mut listed = Vec::new();
+    let pruned = wait_until(Duration::from_secs(90), || {
+        listed = snapshots(&nodes[0], "dv");
+        let scheduled: Vec<&Value> = listed
+            .iter()
+            .filter(|snapshot| snapshot["scheduled"] == true)
+            .collect();
+        // The first scheduled one had the id after "cold".
+        scheduled.len() == 2
+            && scheduled.iter().all(|snapshot| {
+                snapshot["state"] == "ready" && snapshot["id"].as_u64() > Some(cold_id + 1)
+            })
+    });
+    assert!(pruned, "the schedule did not take and prune: {listed:#?}");
+    assert!(
+        listed
+            .iter()
+            .filter(|snapshot| snapshot["scheduled"] == true)
+            .all(|snapshot| snapshot["name"].as_str().unwrap().starts_with("auto-")),
+        "{listed:#?}"
+    );
+    // Taken by hand, never pruned.
+    assert!(listed.iter().any(|snapshot| snapshot["name"] == "cold"));
+    nodes[0].cli(&["snapshot", "schedule", "dv", "--off"]);
+}
