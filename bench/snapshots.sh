@@ -14,6 +14,7 @@
 #        REPEAT     runs per job, median kept  (default 3;  --quick: 1)
 #        SIZE       volume size                (default 1G; --quick: 256M)
 #        SNAPSHOTS  snapshots for W100/R100    (default 100)
+#        SCATTER_MIB  MiB of 4k random writes between two snapshots (default 2)
 #        SCRATCH    scratch dir (not tmpfs)    (default target/bench-scratch-snapshots)
 #        OUT        results file               (default bench/RESULTS.md; only the part between
 #                   <!-- snapshots:begin --> and <!-- snapshots:end --> is replaced)
@@ -29,7 +30,7 @@ for a in "$@"; do
     case "$a" in
         --quick) quick=1 ;;
         --no-build) build=0 ;;
-        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "unknown argument: $a" >&2; exit 2 ;;
     esac
 done
@@ -40,9 +41,10 @@ RUNTIME=${RUNTIME:-10}
 REPEAT=${REPEAT:-3}
 SIZE=${SIZE:-1G}
 SNAPSHOTS=${SNAPSHOTS:-100}
+SCATTER_MIB=${SCATTER_MIB:-2}
 SCRATCH=${SCRATCH:-$repo/target/bench-scratch-snapshots}
 OUT=${OUT:-$here/RESULTS.md}
-envline="RUNTIME=$RUNTIME REPEAT=$REPEAT SIZE=$SIZE SNAPSHOTS=$SNAPSHOTS"
+envline="RUNTIME=$RUNTIME REPEAT=$REPEAT SIZE=$SIZE SNAPSHOTS=$SNAPSHOTS SCATTER_MIB=$SCATTER_MIB"
 
 log() { printf '[snapshots %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() {
@@ -57,9 +59,12 @@ size_bytes=$(python3 -c "
 import sys,re
 m=re.fullmatch(r'(\d+)([KMGT]?)', sys.argv[1].upper().rstrip('IB'))
 print(int(m.group(1)) * 1024**' KMGT'.index(m.group(2) or ' '))" "$SIZE")
-# The volume, the chunks its snapshots keep (every chunk is written over
-# twice after a snapshot), and the clones' own writes.
-pool_bytes=$(( size_bytes * 4 + (1024 << 20) ))
+# A 4 KiB write to a shared 64 KiB chunk pins that whole chunk in the
+# snapshot, so each MiB of random writes between snapshots can keep up to
+# 16 MiB. Room for: the volume, the two snapshots kept whole by the full
+# overwrites (s1 and the last), every scatter's chunks, the clones' writes,
+# and slack. The pool file is sparse: only what is written takes disk.
+pool_bytes=$(( size_bytes * 6 + SNAPSHOTS * SCATTER_MIB * (16 << 20) + (4096 << 20) ))
 
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 rm -rf "$SCRATCH"
@@ -174,10 +179,10 @@ cli snapshot create v s1 >&2 || die "snapshot create failed"
 overwrite "$uri/v"
 measure W1 "$uri/v" randwrite
 
-log "$SNAPSHOTS snapshots in all, 8 MiB of random writes between each"
+log "$SNAPSHOTS snapshots in all, $SCATTER_MIB MiB of random writes between each"
 t0=$(date +%s.%N)
 for i in $(seq 2 "$SNAPSHOTS"); do
-    scatter "$uri/v" 8 "$i"
+    scatter "$uri/v" "$SCATTER_MIB" "$i"
     cli snapshot create v "s$i" >/dev/null || die "snapshot s$i failed"
 done
 t1=$(date +%s.%N)
@@ -192,7 +197,7 @@ for depth in 1 2 3; do
     cli snapshot create "$src" "c$depth" >/dev/null || die "snapshot $src@c$depth failed"
     cli volume create "k$depth" --from-snapshot "$src@c$depth" >/dev/null || die "clone k$depth failed"
     for _ in $(seq 1 100); do timeout 5 nbdinfo "$uri/k$depth" >/dev/null 2>&1 && break; sleep 0.2; done
-    scatter "$uri/k$depth" 64 "$((100 + depth))"
+    scatter "$uri/k$depth" 16 "$((100 + depth))"
     src=k$depth
 done
 measure RC3 "$uri/k3" randread
@@ -219,7 +224,7 @@ kill "$qpid" 2>/dev/null || true
 
 log "writing the snapshots section of $OUT"
 export B_CMD="$envline $cmdline" B_REPO="$repo" B_SIZE="$SIZE" B_RUNTIME="$RUNTIME" B_REPEAT="$REPEAT" \
-    B_SNAPSHOTS="$SNAPSHOTS" B_SNAP_SECS="$snap_secs" B_SPACE="$space" \
+    B_SNAPSHOTS="$SNAPSHOTS" B_SCATTER="$SCATTER_MIB" B_SNAP_SECS="$snap_secs" B_SPACE="$space" \
     B_LOAD="load average at start $load_start, at end $(cut -d' ' -f1-3 /proc/loadavg)" \
     B_DIRTY="$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
 section=$SCRATCH/section.md
@@ -253,7 +258,7 @@ L.append(f"- command: `{E['B_CMD']}`")
 dirty = int(E.get("B_DIRTY", "0") or 0)
 L.append(f"- trireme: {git('rev-parse', '--short', 'HEAD')} ({git('log', '-1', '--format=%s')}), release build" + (f", {dirty} uncommitted changed files" if dirty else ""))
 L.append(f"- volume of {E['B_SIZE']} on a file-backed pool, fio `--ioengine=nbd`; each measure: {E['B_RUNTIME']} s after 1 s ramp, median of {E['B_REPEAT']} runs")
-L.append(f"- between snapshots: 8 MiB of 4k random writes; a snapshot took {float(E['B_SNAP_SECS'])*1000:.0f} ms on average through the CLI (request, commit, take, report); {E['B_SPACE']}")
+L.append(f"- between snapshots: {E['B_SCATTER']} MiB of 4k random writes; a snapshot took {float(E['B_SNAP_SECS'])*1000:.0f} ms on average through the CLI (request, commit, take, report); {E['B_SPACE']}")
 L.append(f"- {E['B_LOAD']}")
 L.append("")
 L.append("| measure | what | IOPS | IOPS range | p50 µs | p99 µs |")
