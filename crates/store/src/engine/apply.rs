@@ -331,6 +331,9 @@ impl Engine {
             }
         }
         let mut state = self.lock();
+        // The copies are on the device: reads may go to the private chunks
+        // now, and so may later passes' in-place writes to the shared ones.
+        state.copying.clear();
         for record in &batch {
             let front = state
                 .unapplied
@@ -524,6 +527,8 @@ impl Engine {
         entry: ChunkEntry,
         copies: &mut Vec<CopyBlocks>,
     ) -> Result<(), String> {
+        let earlier = state.copying.insert(entry.physical, from_physical);
+        assert!(earlier.is_none(), "a chunk is copied into once per pass");
         for bit in 0..BLOCKS_PER_CHUNK {
             if !entry.block_written(bit) {
                 continue;

@@ -159,6 +159,12 @@ pub struct State {
     /// Chunks filled by redirects applied since the last checkpoint: no
     /// in-place write may touch them before the next one.
     pub fresh_since_checkpoint: HashSet<u32>,
+    /// Copies of the apply pass under way: private chunk → the shared chunk
+    /// it is being copied from. The maps point at the private chunk (and its
+    /// checksums are set) before its data is there, so reads of the copied
+    /// blocks go to the shared chunk, which no write of the pass changes,
+    /// until the pass ends.
+    pub copying: HashMap<u32, u32>,
     /// The epoch the next checkpoint records: the old one while replaying
     /// (the records after it are the old epoch's), this session's after.
     pub checkpoint_epoch: u64,
@@ -200,6 +206,7 @@ impl State {
             checksums: ChecksumTable::new(CACHE_PAGES_MAX),
             deferred_frees: Vec::new(),
             fresh_since_checkpoint: HashSet::new(),
+            copying: HashMap::new(),
             checkpoint_epoch: 0,
             dirty_chunks: HashSet::new(),
             refcounts: HashMap::new(),

@@ -216,13 +216,21 @@ impl Engine {
             match entry {
                 None => push_zero(plan, chunk_end - block),
                 Some(entry) => {
+                    // A chunk being copied into reads from its source: the
+                    // blocks the pass writes come from its records (still
+                    // pending), and the rest are the copied ones.
+                    let physical = state
+                        .copying
+                        .get(&entry.physical)
+                        .copied()
+                        .unwrap_or(entry.physical);
                     for block in block..chunk_end {
                         if !entry.block_written(block % BLOCKS_PER_CHUNK) {
                             push_zero(plan, 1);
                             continue;
                         }
                         let physical_block =
-                            entry.physical as u64 * BLOCKS_PER_CHUNK + block % BLOCKS_PER_CHUNK;
+                            physical as u64 * BLOCKS_PER_CHUNK + block % BLOCKS_PER_CHUNK;
                         let crc = state
                             .checksums
                             .get(&self.file, &self.layout, physical_block)
