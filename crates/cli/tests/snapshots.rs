@@ -299,3 +299,96 @@ fn a_detached_volume_is_snapshotted_by_its_replicas_and_schedules_prune() {
     assert!(listed.iter().any(|snapshot| snapshot["name"] == "cold"));
     nodes[0].cli(&["snapshot", "schedule", "dv", "--off"]);
 }
+
+/// The node names a snapshot's record lists as holding it.
+fn holders(node: &TestNode, volume: &str, snapshot: &str) -> Vec<String> {
+    let listed = snapshots(node, volume);
+    let found = listed
+        .iter()
+        .find(|entry| entry["name"] == snapshot)
+        .unwrap_or_else(|| panic!("{volume}@{snapshot} not listed: {listed:#?}"));
+    let mut names: Vec<String> = found["nodes"]
+        .as_array()
+        .expect("nodes listed")
+        .iter()
+        .map(|name| name.as_str().expect("a node name").to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_replica_that_was_away_is_recorded_without_the_snapshot_and_restarts_keep_them() {
+    if !tools_or_skip(&["qemu-io"]) {
+        return;
+    }
+    let mut nodes = three_nodes();
+    nodes[0].cli(&["volume", "create", "av", "--size", "64M"]);
+    wait_in_sync(&nodes[0], "av", Duration::from_secs(30));
+    attach(&nodes[0], "av", "n1", &[]);
+    wait_served(&nodes[0], "av");
+    let uri = nodes[0].uri("av");
+    qemu_io_all(&uri, &["write -P 0xa1 0 8M", "flush"]);
+
+    // n3 is away while s1 is taken: the record says where s1 exists.
+    nodes[2].kill9();
+    qemu_io_all(&uri, &["write -P 0xb2 0 4M", "flush"]);
+    let taken = nodes[0].cli_json(&["snapshot", "create", "av", "s1"]);
+    assert_eq!(taken["state"], "ready", "{taken:#}");
+    assert_eq!(holders(&nodes[0], "av", "s1"), ["n1", "n2"]);
+
+    // n3 returns and is resynced; it still does not hold s1, and says so.
+    nodes[2].restart();
+    wait_in_sync(&nodes[0], "av", Duration::from_secs(60));
+    qemu_io_all(&uri, &["write -P 0xc3 0 2M", "flush"]);
+    assert_eq!(holders(&nodes[2], "av", "s1"), ["n1", "n2"]);
+    let absent = qemu_io_read_only(&snapshot_uri(&nodes[2], "av", "s1"), &["read 0 4k"]);
+    assert!(
+        !qemu_io_ok(&absent),
+        "n3 serves a snapshot it never took: {}",
+        absent.describe("read av@s1 on n3")
+    );
+    // A snapshot taken now is on all three, n3's copy included.
+    nodes[0].cli(&["snapshot", "create", "av", "s2"]);
+    assert_eq!(holders(&nodes[0], "av", "s2"), ["n1", "n2", "n3"]);
+
+    // Snapshots survive a restart of a holder and of the primary.
+    nodes[1].restart();
+    nodes[0].restart();
+    wait_served(&nodes[0], "av");
+    wait_in_sync(&nodes[0], "av", Duration::from_secs(60));
+    for node in &nodes[..2] {
+        let out = qemu_io_read_only(
+            &snapshot_uri(node, "av", "s1"),
+            &["read -P 0xb2 0 4M", "read -P 0xa1 4M 4M"],
+        );
+        assert!(qemu_io_ok(&out), "{}", out.describe("read av@s1"));
+    }
+    for node in &nodes {
+        let out = qemu_io_read_only(
+            &snapshot_uri(node, "av", "s2"),
+            &[
+                "read -P 0xc3 0 2M",
+                "read -P 0xb2 2M 2M",
+                "read -P 0xa1 4M 4M",
+            ],
+        );
+        assert!(qemu_io_ok(&out), "{}", out.describe("read av@s2"));
+    }
+    qemu_io_all(&nodes[0].uri("av"), &["read -P 0xc3 0 2M"]);
+
+    // Placement keeps a copy of every snapshot: with s1 on n1 and n2,
+    // n2's replica may go; n1's is then the last copy of s1 and may not.
+    nodes[0].cli(&["volume", "replica", "remove", "av", "--node", "n2"]);
+    assert_eq!(holders(&nodes[0], "av", "s1"), ["n1"]);
+    nodes[0].cli(&["volume", "detach", "av"]);
+    let refused = nodes[0].cli_fail(&["volume", "replica", "remove", "av", "--node", "n1"]);
+    assert!(
+        refused.stderr.contains("last copy of snapshot(s) s1"),
+        "{}",
+        refused.describe("remove the last copy of s1")
+    );
+    for node in &nodes {
+        node.assert_scan_clean("default");
+    }
+}

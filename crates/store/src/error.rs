@@ -17,7 +17,7 @@ pub enum StoreError {
     AlreadyAPool { path: PathBuf },
     #[error("'{path}' is not a trireme pool ({reason})")]
     NotAPool { path: PathBuf, reason: String },
-    #[error("pool '{path}' was written by on-disk format version {found}; this trireme reads version {supported}")]
+    #[error("pool '{path}' was written by on-disk format version {found}; this trireme reads version {supported} (to move its volumes: serve them with the trireme that made the pool, copy them off with `qemu-img convert`, then recreate the pool)")]
     UnsupportedVersion {
         path: PathBuf,
         found: u32,
