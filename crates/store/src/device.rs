@@ -70,6 +70,38 @@ pub(crate) fn open_or_create_device(
     Ok((file, size, true))
 }
 
+/// A page-aligned 4 KiB buffer: `O_DIRECT` needs memory aligned to the
+/// device's logical block size, and a `Vec` of these is aligned to 4 KiB.
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+pub struct AlignedPage(pub [u8; 4096]);
+
+/// The bytes of `pages`, as one slice.
+pub(crate) fn page_bytes(pages: &mut [AlignedPage]) -> &mut [u8] {
+    // SAFETY: AlignedPage is 4096 plain bytes with no padding (repr C, size
+    // equal to its alignment), so the pages are one contiguous byte array.
+    unsafe { std::slice::from_raw_parts_mut(pages.as_mut_ptr().cast::<u8>(), pages.len() * 4096) }
+}
+
+/// Opens the device behind `file` again, with `O_DIRECT`; `None` if the
+/// file system does not support it.
+pub(crate) fn open_direct(file: &File) -> Option<File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    match OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+    {
+        Ok(direct) => Some(direct),
+        Err(error) => {
+            tracing::info!(%error, "O_DIRECT not available; whole-chunk writes go through the page cache");
+            None
+        }
+    }
+}
+
 pub(crate) fn file_is_block_device(file: &File) -> bool {
     file.metadata()
         .map(|metadata| metadata.file_type().is_block_device())

@@ -312,6 +312,14 @@ impl State {
 pub struct Engine {
     pub pool_name: PoolName,
     pub file: File,
+    /// The same device opened with `O_DIRECT`, for whole fresh chunks: a
+    /// stream of them (a copy, a restore, a sequential write) goes to the
+    /// device without a copy into the page cache, which was the single
+    /// biggest cost of large writes. `None` where the file system refuses
+    /// `O_DIRECT` (tmpfs): those writes stay buffered.
+    pub direct: Option<File>,
+    /// The journal writer's bounce buffer for direct writes (aligned pages).
+    pub direct_buffer: Mutex<Vec<crate::device::AlignedPage>>,
     pub layout: Layout,
     /// Ties journal records to this pool, so records left on a reused
     /// device by an earlier pool never replay.

@@ -136,9 +136,12 @@ pub fn open_engine(
     state.written_sequence = state.applied_sequence;
     state.durable_sequence = state.applied_sequence;
     state.checkpoint_epoch = checkpoint.epoch;
+    let direct = crate::device::open_direct(&file);
     let engine = Arc::new(Engine {
         pool_name: loaded.pool.name.clone(),
         file,
+        direct,
+        direct_buffer: Mutex::new(Vec::new()),
         layout,
         pool_salt,
         epoch: checkpoint.epoch + 1,
