@@ -175,9 +175,9 @@ impl Engine {
             }
             start = end;
         }
-        // The batch's runs are at most JOURNAL_BATCH_MAX_BYTES; a buffer grown
-        // past that by one large write is not kept.
-        if buffer.len() * 4096 > JOURNAL_BATCH_MAX_BYTES as usize {
+        // A batch holds JOURNAL_BATCH_MAX_BYTES and one record more; a buffer
+        // grown well past that by one huge write is not kept.
+        if buffer.len() * 4096 > 2 * JOURNAL_BATCH_MAX_BYTES as usize {
             *buffer = Vec::new();
         }
         Ok(())
