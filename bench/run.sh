@@ -12,7 +12,8 @@
 #        SCRATCH  scratch dir (not tmpfs)    (default target/bench-scratch)
 #        TARGETS  subset, e.g. "trireme qemu-nbd" (default "trireme qemu-nbd raw")
 #        JOBS     subset, e.g. "J1 J2"        (default "J1 J2 J3 J4 J5 J6")
-#        OUT      results file               (default bench/RESULTS.md)
+#        OUT      results file               (default bench/RESULTS.md; only the part between
+#                 <!-- foundation:begin --> and <!-- foundation:end --> is replaced)
 #        KEEP_SCRATCH=1 keeps the volume/pool/raw images after the run
 # Default total: 3 targets x 6 jobs x 3 repeats x (10 s + 1 s ramp) + prefill ≈ 11 min.
 set -euo pipefail
@@ -26,7 +27,7 @@ for a in "$@"; do
     case "$a" in
         --quick) quick=1 ;;
         --no-build) build=0 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "unknown argument: $a" >&2; exit 2 ;;
     esac
 done
@@ -293,7 +294,20 @@ if "trireme" in targets and "qemu-nbd" in targets:
             tgt, ok = "IOPS ≥ 0.9×", (r is not None and r >= 0.9)
         L.append(f"| {j} | {f(r,'%.3f')} | {f(lr,'%.2f')} | {f(pr,'%.2f')} | {tgt} | {'yes' if ok else '**no**'} |")
     L.append("")
-open(out, "w").write("\n".join(L) + "\n")
+# Only this script's part of the file is replaced: the other benchmarks
+# (cluster_create.sh, replicated.sh, snapshots.sh) keep their sections.
+begin, end = "<!-- foundation:begin -->", "<!-- foundation:end -->"
+block = begin + "\n" + "\n".join(L) + "\n" + end
+text = open(out).read() if os.path.exists(out) else ""
+if begin in text and end in text and text.index(begin) < text.index(end):
+    head, rest = text.split(begin, 1)
+    text = head + block + rest.split(end, 1)[1]
+else:
+    # A file from before the markers: this part is everything up to the
+    # first other section.
+    at = text.find("\n<!-- ")
+    text = block + ("\n" + text[at:] if at >= 0 else "\n")
+open(out, "w").write(text)
 print("\n".join(L))
 PY
 if [ -z "${KEEP_SCRATCH:-}" ]; then
