@@ -84,16 +84,24 @@ pub(crate) fn page_bytes(pages: &mut [AlignedPage]) -> &mut [u8] {
 }
 
 /// Opens the device behind `file` again, with `O_DIRECT`; `None` if the
-/// file system does not support it.
+/// file system does not support it. One aligned read of the superblock
+/// proves it, as some file systems accept the flag at open and refuse the
+/// I/O.
 pub(crate) fn open_direct(file: &File) -> Option<File> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
     let path = format!("/proc/self/fd/{}", file.as_raw_fd());
-    match OpenOptions::new()
+    let opened = OpenOptions::new()
+        .read(true)
         .write(true)
         .custom_flags(libc::O_DIRECT)
-        .open(&path)
-    {
+        .open(&path);
+    let probed = opened.and_then(|direct| {
+        let mut page = [AlignedPage([0; 4096])];
+        direct.read_exact_at(page_bytes(&mut page), 0)?;
+        Ok(direct)
+    });
+    match probed {
         Ok(direct) => Some(direct),
         Err(error) => {
             tracing::info!(%error, "O_DIRECT not available; whole-chunk writes go through the page cache");

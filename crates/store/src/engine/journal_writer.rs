@@ -15,6 +15,8 @@ use std::sync::Arc;
 /// per `pwritev` as are waiting, so one system call serves many requests and
 /// only one thread ever takes the file's write lock for the journal.
 pub fn run_journal_writer(engine: Arc<Engine>) {
+    // The bounce buffer of direct writes, kept from batch to batch.
+    let mut direct_buffer = Vec::new();
     let mut state = engine.lock();
     loop {
         if state.failed.is_some() {
@@ -46,7 +48,7 @@ pub fn run_journal_writer(engine: Arc<Engine>) {
             }
         }
         drop(state);
-        let result = engine.write_batch(&batch);
+        let result = engine.write_batch(&batch, &mut direct_buffer);
         state = engine.lock();
         match result {
             Ok(()) => {
@@ -77,7 +79,11 @@ impl Engine {
     /// after writing the data of redirects to their fresh chunks. Replay
     /// checks that data against the record's crcs, as the kernel may write
     /// the header back before the data.
-    fn write_batch(&self, batch: &[Arc<Record>]) -> std::io::Result<()> {
+    fn write_batch(
+        &self,
+        batch: &[Arc<Record>],
+        direct_buffer: &mut Vec<AlignedPage>,
+    ) -> std::io::Result<()> {
         let headers: Vec<[u8; HEADER_BYTES as usize]> = batch
             .iter()
             .map(|record| record.header(self.pool_salt, self.epoch).encode())
@@ -110,7 +116,7 @@ impl Engine {
                 }
             }
         }
-        self.write_fresh_chunks(&fresh)?;
+        self.write_fresh_chunks(&fresh, direct_buffer)?;
         let mut payloads = payloads.iter();
         let mut slices = Vec::with_capacity(batch.len() * 2);
         for (record, header) in batch.iter().zip(&headers) {
@@ -140,12 +146,12 @@ impl Engine {
     /// ones, across records). With `O_DIRECT` the run is gathered into an
     /// aligned buffer first: a memory copy is far cheaper than the page
     /// cache's, and the device gets one large write.
-    fn write_fresh_chunks(&self, fresh: &[(u32, &[u8])]) -> std::io::Result<()> {
+    fn write_fresh_chunks(
+        &self,
+        fresh: &[(u32, &[u8])],
+        buffer: &mut Vec<AlignedPage>,
+    ) -> std::io::Result<()> {
         let chunk = CHUNK_BYTES as usize;
-        let mut buffer = self
-            .direct_buffer
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut start = 0;
         while start < fresh.len() {
             let mut end = start + 1;
@@ -160,17 +166,16 @@ impl Engine {
                     if buffer.len() < pages {
                         buffer.resize(pages, AlignedPage([0; 4096]));
                     }
-                    let bytes = &mut page_bytes(&mut buffer)[..run.len() * chunk];
+                    let bytes = &mut page_bytes(buffer)[..run.len() * chunk];
                     for (into, (_, data)) in bytes.chunks_exact_mut(chunk).zip(run) {
                         into.copy_from_slice(data);
                     }
                     direct.write_all_at(bytes, offset)?;
                 }
                 None => {
-                    for (index, (_, data)) in run.iter().enumerate() {
-                        self.file
-                            .write_all_at(data, offset + (index * chunk) as u64)?;
-                    }
+                    let mut slices: Vec<IoSlice> =
+                        run.iter().map(|(_, data)| IoSlice::new(data)).collect();
+                    write_all_vectored_at(&self.file, &mut slices, offset)?;
                 }
             }
             start = end;

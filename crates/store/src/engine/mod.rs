@@ -316,10 +316,9 @@ pub struct Engine {
     /// stream of them (a copy, a restore, a sequential write) goes to the
     /// device without a copy into the page cache, which was the single
     /// biggest cost of large writes. `None` where the file system refuses
-    /// `O_DIRECT` (tmpfs): those writes stay buffered.
+    /// `O_DIRECT` (tmpfs before Linux 6.6, some FUSE ones): those writes
+    /// stay buffered.
     pub direct: Option<File>,
-    /// The journal writer's bounce buffer for direct writes (aligned pages).
-    pub direct_buffer: Mutex<Vec<crate::device::AlignedPage>>,
     pub layout: Layout,
     /// Ties journal records to this pool, so records left on a reused
     /// device by an earlier pool never replay.

@@ -141,7 +141,6 @@ pub fn open_engine(
         pool_name: loaded.pool.name.clone(),
         file,
         direct,
-        direct_buffer: Mutex::new(Vec::new()),
         layout,
         pool_salt,
         epoch: checkpoint.epoch + 1,
