@@ -9,7 +9,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use std::time::Duration;
-use trireme_control::{ClusterState, Command, CommandError, Reply, SnapshotRecord, SnapshotState};
+use trireme_control::{
+    ClusterState, Command, CommandError, NodeState, Reply, SnapshotRecord, SnapshotState,
+};
 use trireme_types::{GroupName, SnapshotId, SnapshotName, VolumeName};
 
 use super::model::{
@@ -232,12 +234,25 @@ pub async fn delete_snapshot(
         return Ok(StatusCode::NO_CONTENT);
     };
     let id = deleting.id;
-    let gone = state
+    // Wait for the holders that can answer: a node that is offline removes
+    // its copy when it is back, so waiting for it would only hang the caller.
+    let mut gone = false;
+    state
         .wait_for(|cluster| {
-            cluster
+            let Some(snapshot) = cluster
                 .volumes
                 .get(&volume)
-                .is_none_or(|record| record.snapshot_by_id(id).is_none())
+                .and_then(|record| record.snapshot_by_id(id))
+            else {
+                gone = true;
+                return true;
+            };
+            snapshot.nodes.iter().all(|node| {
+                cluster
+                    .nodes
+                    .get(node)
+                    .is_none_or(|record| record.state != NodeState::Online)
+            })
         })
         .await;
     Ok(if gone {
