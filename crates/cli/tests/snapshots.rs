@@ -318,7 +318,7 @@ fn holders(node: &TestNode, volume: &str, snapshot: &str) -> Vec<String> {
 }
 
 #[test]
-fn a_replica_that_was_away_is_recorded_without_the_snapshot_and_restarts_keep_them() {
+fn a_replica_that_was_away_is_recorded_without_the_snapshot_and_removes_deleted_ones() {
     if !tools_or_skip(&["qemu-io"]) {
         return;
     }
@@ -376,6 +376,30 @@ fn a_replica_that_was_away_is_recorded_without_the_snapshot_and_restarts_keep_th
         assert!(qemu_io_ok(&out), "{}", out.describe("read av@s2"));
     }
     qemu_io_all(&nodes[0].uri("av"), &["read -P 0xc3 0 2M"]);
+
+    // s2 deleted while n3 is away: its record waits for n3's copy, which n3
+    // removes when it returns.
+    nodes[2].kill9();
+    nodes[0].cli(&["snapshot", "delete", "av", "s2"]);
+    assert_eq!(holders(&nodes[0], "av", "s2"), ["n3"]);
+    nodes[2].restart();
+    let gone = wait_until(Duration::from_secs(60), || {
+        snapshots(&nodes[0], "av")
+            .iter()
+            .all(|entry| entry["name"] != "s2")
+    });
+    assert!(
+        gone,
+        "s2 is still listed: {:#?}",
+        snapshots(&nodes[0], "av")
+    );
+    let deleted = qemu_io_read_only(&snapshot_uri(&nodes[2], "av", "s2"), &["read 0 4k"]);
+    assert!(
+        !qemu_io_ok(&deleted),
+        "n3 still serves the deleted s2: {}",
+        deleted.describe("read av@s2 on n3")
+    );
+    wait_in_sync(&nodes[0], "av", Duration::from_secs(60));
 
     // Placement keeps a copy of every snapshot: with s1 on n1 and n2,
     // n2's replica may go; n1's is then the last copy of s1 and may not.
