@@ -219,11 +219,15 @@ impl Engine {
                     // A chunk being copied into reads from its source: the
                     // blocks the pass writes come from its records (still
                     // pending), and the rest are the copied ones.
-                    let physical = state
-                        .copying
-                        .get(&entry.physical)
-                        .copied()
-                        .unwrap_or(entry.physical);
+                    let physical = if state.copying.is_empty() {
+                        entry.physical
+                    } else {
+                        state
+                            .copying
+                            .get(&entry.physical)
+                            .copied()
+                            .unwrap_or(entry.physical)
+                    };
                     for block in block..chunk_end {
                         if !entry.block_written(block % BLOCKS_PER_CHUNK) {
                             push_zero(plan, 1);
