@@ -20,11 +20,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tracing::{debug, warn};
-use trireme_proto::nbd::constants::MAX_PAYLOAD_BYTES;
+use trireme_proto::nbd::constants::{MAX_PAYLOAD_BYTES, REQUEST_HEADER_BYTES};
 use trireme_proto::nbd::{
     reply, validate_request, ErrorCode, Handshake, HandshakeStep, Negotiated, Request,
     RequestDecoder, RequestKind,
@@ -39,6 +39,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 const HANDSHAKE_READ_BYTES: usize = 4096;
 /// Space reserved in the input buffer before each transmission-phase read.
 const READ_CHUNK_BYTES: usize = 256 * 1024;
+/// Writes at least this large have their payloads read straight into
+/// their own buffers (see `read_requests`); smaller ones come many per read.
+const DIRECT_READ_MIN_PAYLOAD_BYTES: usize = 64 * 1024;
 /// Requests accepted but not yet answered, per connection (QEMU keeps 16
 /// in flight, nbdcopy 64 per connection).
 pub(crate) const MAX_IN_FLIGHT_REQUESTS: usize = 128;
@@ -173,6 +176,10 @@ impl Session {
         peer: &str,
     ) {
         let mut decoder = RequestDecoder::new();
+        // The client sends large writes: read each header alone, so that
+        // the payload after it goes from the socket straight into the
+        // request's buffer instead of through `input`.
+        let mut large_writes = false;
         loop {
             loop {
                 match decoder.decode(&mut input) {
@@ -180,7 +187,11 @@ impl Session {
                         debug!(%peer, "client sent NBD_CMD_DISC");
                         return;
                     }
-                    Ok(Some(request)) => self.submit(request).await,
+                    Ok(Some(request)) => {
+                        large_writes = matches!(&request.kind,
+                            RequestKind::Write { data, .. } if data.len() >= DIRECT_READ_MIN_PAYLOAD_BYTES);
+                        self.submit(request).await
+                    }
                     Ok(None) => break,
                     Err(error) if error.is_fatal() => {
                         warn!(%peer, %error, "closing NBD connection");
@@ -198,8 +209,21 @@ impl Session {
                 }
             }
             input.reserve(READ_CHUNK_BYTES);
+            let read = async {
+                if input.is_empty() {
+                    if let Some((payload, missing)) = decoder.payload_buffer() {
+                        payload.reserve(missing.min(READ_CHUNK_BYTES));
+                        return reader.read_buf(&mut payload.limit(missing)).await;
+                    }
+                }
+                if large_writes && input.len() < REQUEST_HEADER_BYTES {
+                    let header_rest = REQUEST_HEADER_BYTES - input.len();
+                    return reader.read_buf(&mut (&mut input).limit(header_rest)).await;
+                }
+                reader.read_buf(&mut input).await
+            };
             tokio::select! {
-                read = reader.read_buf(&mut input) => match read {
+                read = read => match read {
                     Ok(0) => return,
                     Ok(_) => {}
                     Err(error) => {

@@ -5,7 +5,8 @@
 //! out once its header (and, for WRITE, its whole payload) has arrived.
 //! Payload bytes move from the input into the request's own `Vec` as they
 //! arrive, so the input buffer stays at socket-read size and the payload is
-//! copied exactly once.
+//! copied once; a caller may also read the rest of a payload straight into
+//! that `Vec` ([`RequestDecoder::payload_buffer`]).
 
 use bytes::{Buf, BytesMut};
 
@@ -132,6 +133,21 @@ impl RequestDecoder {
         match &self.state {
             State::Payload { data, .. } => data.len(),
             _ => 0,
+        }
+    }
+
+    /// The WRITE payload being gathered and how many bytes it still lacks,
+    /// so that the caller can read them from the socket straight into it
+    /// rather than through the input buffer (one copy fewer per byte).
+    /// Bytes appended there count as received; the next `decode` returns
+    /// the request once the payload is whole. Never grow it past `missing`.
+    pub fn payload_buffer(&mut self) -> Option<(&mut Vec<u8>, usize)> {
+        match &mut self.state {
+            State::Payload { header, data } => {
+                let missing = header.length as usize - data.len();
+                Some((data, missing))
+            }
+            _ => None,
         }
     }
 

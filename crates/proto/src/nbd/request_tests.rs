@@ -273,3 +273,41 @@ fn validation_ranges_permissions_and_flags() {
         Err(ErrorCode::Invalid)
     );
 }
+
+#[test]
+fn a_payload_read_straight_into_its_buffer_completes_the_write() {
+    let mut input = BytesMut::new();
+    input.extend_from_slice(&header(0, CMD_WRITE, 9, 4096, 6));
+    input.extend_from_slice(b"ab");
+    let mut decoder = RequestDecoder::new();
+    assert_eq!(decoder.decode(&mut input).unwrap(), None);
+    assert!(input.is_empty());
+    let (payload, missing) = decoder
+        .payload_buffer()
+        .expect("a payload is being gathered");
+    assert_eq!(missing, 4);
+    payload.extend_from_slice(b"cd");
+    assert_eq!(
+        decoder.decode(&mut input).unwrap(),
+        None,
+        "two bytes still missing"
+    );
+    let (payload, missing) = decoder.payload_buffer().expect("still gathering");
+    assert_eq!(missing, 2);
+    payload.extend_from_slice(b"ef");
+    let request = decoder
+        .decode(&mut input)
+        .unwrap()
+        .expect("the write is whole");
+    assert_eq!(
+        request.kind,
+        RequestKind::Write {
+            offset: 4096,
+            data: b"abcdef".to_vec()
+        }
+    );
+    assert!(
+        decoder.payload_buffer().is_none(),
+        "the next header is awaited"
+    );
+}
