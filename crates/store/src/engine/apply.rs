@@ -173,6 +173,7 @@ pub fn run_applier(engine: Arc<Engine>) {
                 if state.urgent
                     || state.shutting_down
                     || checkpoint_due
+                    || state.checkpoint_wanted
                     || (pending
                         && (state.unapplied_bytes >= APPLY_BATCH_MIN_BYTES
                             || waiting_since.elapsed() >= APPLY_DELAY))
@@ -198,12 +199,21 @@ pub fn run_applier(engine: Arc<Engine>) {
             tracing::error!(pool = %engine.pool_name, %error, "applying the journal failed");
             return;
         }
-        let journal_half_full = {
-            let state = engine.lock();
-            (state.head - state.tail) * 2 > engine.layout.journal_bytes
-                || state.checksums.dirty_pages() * 2 > CACHE_PAGES_MAX
+        let (journal_half_full, frees_waiting) = {
+            let mut state = engine.lock();
+            state.checkpoint_wanted = false;
+            (
+                (state.head - state.tail) * 2 > engine.layout.journal_bytes
+                    || state.checksums.dirty_pages() * 2 > CACHE_PAGES_MAX,
+                Engine::frees_waiting(&state),
+            )
         };
-        if urgent || stop || journal_half_full || last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL {
+        if urgent
+            || stop
+            || journal_half_full
+            || frees_waiting
+            || last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL
+        {
             if let Err(error) = engine.checkpoint() {
                 tracing::error!(pool = %engine.pool_name, %error, "checkpoint failed");
                 return;
@@ -228,16 +238,29 @@ impl Engine {
             .apply_lock
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let target = {
+        let (target, needs_flush) = {
             let state = self.lock();
             if everything_admitted {
-                state.next_sequence - 1
+                (state.next_sequence - 1, true)
             } else {
-                state.written_sequence
+                // Redirects (and pads) may be applied once written: a
+                // stream of whole-chunk writes costs no device flush here,
+                // which would stall the journal's writes behind it. The
+                // checkpoint flushes before it commits what they changed.
+                let target = state.written_sequence;
+                let needs_flush = state.unapplied.iter().any(|record| {
+                    record.sequence > state.durable_sequence
+                        && record.sequence <= target
+                        && !record.is_redirect()
+                        && !matches!(record.body, RecordBody::Pad)
+                });
+                (target, needs_flush)
             }
         };
-        self.flush_to(target)
-            .map_err(|error| StoreError::Fatal(error.to_string()))?;
+        if needs_flush {
+            self.flush_to(target)
+                .map_err(|error| StoreError::Fatal(error.to_string()))?;
+        }
         loop {
             match self.apply_batch()? {
                 Batch::Applied => {}

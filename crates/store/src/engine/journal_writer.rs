@@ -15,8 +15,14 @@ use std::sync::Arc;
 /// per `pwritev` as are waiting, so one system call serves many requests and
 /// only one thread ever takes the file's write lock for the journal.
 pub fn run_journal_writer(engine: Arc<Engine>) {
-    // The bounce buffer of direct writes, kept from batch to batch.
+    // The bounce buffer of direct writes, kept from batch to batch, and the
+    // helpers that write shares of a large batch's fresh chunks beside this
+    // thread (they end, and are joined, when this thread returns).
     let mut direct_buffer = Vec::new();
+    let helper = engine
+        .direct
+        .is_some()
+        .then(|| spawn_direct_helper(engine.clone()));
     let mut state = engine.lock();
     loop {
         if state.failed.is_some() {
@@ -48,13 +54,15 @@ pub fn run_journal_writer(engine: Arc<Engine>) {
             }
         }
         drop(state);
-        let result = engine.write_batch(&batch, &mut direct_buffer);
+        let result = engine.write_batch(&batch, &mut direct_buffer, helper.as_ref());
         state = engine.lock();
         match result {
             Ok(()) => {
                 let last = batch.last().expect("a batch has a record");
                 assert_eq!(last.sequence, state.written_sequence + batch.len() as u64);
                 state.written_sequence = last.sequence;
+                engine.changed.notify_all();
+                state = engine.sync_eagerly(state);
             }
             Err(error) => {
                 // A hole in the journal would cut off every later record.
@@ -66,6 +74,42 @@ pub fn run_journal_writer(engine: Arc<Engine>) {
             }
         }
         engine.changed.notify_all();
+    }
+}
+
+/// While a caller asked for a flush this recently, each batch is flushed
+/// as soon as it is written and nothing more waits.
+const EAGER_SYNC_WINDOW: std::time::Duration = std::time::Duration::from_millis(50);
+
+impl Engine {
+    /// A synchronous writer (a write, then a flush, then the next write)
+    /// waits for a device flush per write anyway: starting it as soon as
+    /// the write is in the journal, rather than when the flush request
+    /// arrives, overlaps it with the write's reply and the flush request's
+    /// trip (and, on a replica, with the primary's). Writers that do not
+    /// flush never pay for it.
+    fn sync_eagerly<'a>(
+        &'a self,
+        mut state: std::sync::MutexGuard<'a, super::State>,
+    ) -> std::sync::MutexGuard<'a, super::State> {
+        let recent = state
+            .last_flush_request
+            .is_some_and(|at| at.elapsed() < EAGER_SYNC_WINDOW);
+        let idle = state.next_sequence - 1 == state.written_sequence;
+        if !recent || !idle || state.flushing || state.durable_sequence >= state.written_sequence {
+            return state;
+        }
+        state.flushing = true;
+        let covered = state.written_sequence;
+        drop(state);
+        let result = self.file.sync_data();
+        let mut state = self.lock();
+        state.flushing = false;
+        match result {
+            Ok(()) => state.durable_sequence = state.durable_sequence.max(covered),
+            Err(error) => self.fail(&mut state, format!("device flush failed: {error}")),
+        }
+        state
     }
 }
 
@@ -83,6 +127,7 @@ impl Engine {
         &self,
         batch: &[Arc<Record>],
         direct_buffer: &mut Vec<AlignedPage>,
+        helper: Option<&DirectHelper>,
     ) -> std::io::Result<()> {
         let headers: Vec<[u8; HEADER_BYTES as usize]> = batch
             .iter()
@@ -102,13 +147,14 @@ impl Engine {
             } = &record.body
             {
                 if !fresh_chunks.is_empty() {
-                    let chunk = CHUNK_BYTES as usize;
-                    fresh.extend(
-                        fresh_chunks
-                            .iter()
-                            .zip(data.chunks_exact(chunk))
-                            .map(|(physical, bytes)| (*physical, bytes)),
-                    );
+                    debug_assert_eq!(data.len(), fresh_chunks.len() * CHUNK_BYTES as usize);
+                    fresh.extend(fresh_chunks.iter().enumerate().map(|(index, physical)| {
+                        FreshChunk {
+                            physical: *physical,
+                            record: record.clone(),
+                            index,
+                        }
+                    }));
                     let mut payload = encode_redirect_payload(fresh_chunks, block_crcs);
                     // Records are laid out at 64-byte boundaries.
                     payload.resize((record.journal_bytes - HEADER_BYTES) as usize, 0);
@@ -116,7 +162,40 @@ impl Engine {
                 }
             }
         }
-        self.write_fresh_chunks(&fresh, direct_buffer)?;
+        match helper {
+            Some(helper) if fresh.len() >= DIRECT_SPLIT_MIN_CHUNKS => {
+                // Several writes in flight: the device takes them in
+                // parallel, and each thread's copy into its buffer overlaps
+                // the others' writes.
+                let share = fresh.len().div_ceil(helper.jobs.len() + 1);
+                let (reply, answers) = std::sync::mpsc::sync_channel(helper.jobs.len());
+                let mut sent = 0;
+                let mut result = Ok(());
+                for jobs in &helper.jobs {
+                    if fresh.len() <= share {
+                        break;
+                    }
+                    let theirs = fresh.split_off(fresh.len() - share);
+                    match jobs.send(DirectJob {
+                        chunks: theirs,
+                        reply: reply.clone(),
+                    }) {
+                        Ok(()) => sent += 1,
+                        Err(std::sync::mpsc::SendError(job)) => {
+                            result = result.and(self.write_fresh_chunks(&job.chunks, direct_buffer))
+                        }
+                    }
+                }
+                result = result.and(self.write_fresh_chunks(&fresh, direct_buffer));
+                for _ in 0..sent {
+                    result = result.and(answers.recv().unwrap_or_else(|_| {
+                        Err(std::io::Error::other("a direct-write helper ended"))
+                    }));
+                }
+                result?;
+            }
+            _ => self.write_fresh_chunks(&fresh, direct_buffer)?,
+        }
         let mut payloads = payloads.iter();
         let mut slices = Vec::with_capacity(batch.len() * 2);
         for (record, header) in batch.iter().zip(&headers) {
@@ -148,17 +227,17 @@ impl Engine {
     /// cache's, and the device gets one large write.
     fn write_fresh_chunks(
         &self,
-        fresh: &[(u32, &[u8])],
+        fresh: &[FreshChunk],
         buffer: &mut Vec<AlignedPage>,
     ) -> std::io::Result<()> {
         let chunk = CHUNK_BYTES as usize;
         let mut start = 0;
         while start < fresh.len() {
             let mut end = start + 1;
-            while end < fresh.len() && fresh[end].0 == fresh[end - 1].0 + 1 {
+            while end < fresh.len() && fresh[end].physical == fresh[end - 1].physical + 1 {
                 end += 1;
             }
-            let offset = self.layout.data_offset + fresh[start].0 as u64 * CHUNK_BYTES;
+            let offset = self.layout.data_offset + fresh[start].physical as u64 * CHUNK_BYTES;
             let run = &fresh[start..end];
             match &self.direct {
                 Some(direct) => {
@@ -167,14 +246,14 @@ impl Engine {
                         buffer.resize(pages, AlignedPage([0; 4096]));
                     }
                     let bytes = &mut page_bytes(buffer)[..run.len() * chunk];
-                    for (into, (_, data)) in bytes.chunks_exact_mut(chunk).zip(run) {
-                        into.copy_from_slice(data);
+                    for (into, fresh) in bytes.chunks_exact_mut(chunk).zip(run) {
+                        into.copy_from_slice(fresh.data());
                     }
                     direct.write_all_at(bytes, offset)?;
                 }
                 None => {
                     let mut slices: Vec<IoSlice> =
-                        run.iter().map(|(_, data)| IoSlice::new(data)).collect();
+                        run.iter().map(|fresh| IoSlice::new(fresh.data())).collect();
                     write_all_vectored_at(&self.file, &mut slices, offset)?;
                 }
             }
@@ -187,6 +266,80 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// A batch with at least this many fresh chunks is shared with the helpers.
+const DIRECT_SPLIT_MIN_CHUNKS: usize = 8;
+/// Threads that write fresh chunks beside the journal writer.
+const DIRECT_HELPERS: usize = 2;
+
+/// One whole chunk of a redirect, bound for fresh chunk `physical`.
+struct FreshChunk {
+    physical: u32,
+    record: Arc<Record>,
+    /// Which chunk of the record's data.
+    index: usize,
+}
+
+impl FreshChunk {
+    fn data(&self) -> &[u8] {
+        let RecordBody::Write { data, .. } = &self.record.body else {
+            unreachable!("fresh chunks come from writes")
+        };
+        let chunk = CHUNK_BYTES as usize;
+        &data[self.index * chunk..(self.index + 1) * chunk]
+    }
+}
+
+/// A share of a batch's fresh chunks, for a helper to write.
+struct DirectJob {
+    chunks: Vec<FreshChunk>,
+    reply: std::sync::mpsc::SyncSender<std::io::Result<()>>,
+}
+
+/// The journal writer's helper threads for direct writes.
+struct DirectHelper {
+    jobs: Vec<std::sync::mpsc::Sender<DirectJob>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for DirectHelper {
+    /// Ends the helpers and waits for them: they hold the engine, whose
+    /// device (and its lock) must be closed once the journal writer ends.
+    fn drop(&mut self) {
+        self.jobs.clear();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn spawn_direct_helper(engine: Arc<Engine>) -> DirectHelper {
+    let mut helper = DirectHelper {
+        jobs: Vec::new(),
+        threads: Vec::new(),
+    };
+    for _ in 0..DIRECT_HELPERS {
+        let (jobs, receiver) = std::sync::mpsc::channel::<DirectJob>();
+        let engine = engine.clone();
+        let name = format!("direct-{}", engine.pool_name);
+        let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            let mut buffer = Vec::new();
+            while let Ok(job) = receiver.recv() {
+                let result = engine.write_fresh_chunks(&job.chunks, &mut buffer);
+                let _ = job.reply.send(result);
+            }
+        });
+        match spawned {
+            Ok(thread) => {
+                helper.jobs.push(jobs);
+                helper.threads.push(thread);
+            }
+            // Fewer helpers: the journal writer writes a larger share.
+            Err(error) => tracing::warn!(%error, "cannot start a direct-write helper thread"),
+        }
+    }
+    helper
 }
 
 /// `pwritev` until every slice is written.

@@ -128,6 +128,9 @@ pub struct State {
     /// Set by a waiter that needs the applier now (journal or memory full,
     /// space that pending trims may free, a sync request).
     pub urgent: bool,
+    /// A writer found fresh chunks short while freed ones wait for a
+    /// checkpoint (see [`Engine::frees_waiting`]); the applier was woken.
+    pub checkpoint_wanted: bool,
     /// Tests hold the applier back to leave records unapplied on purpose.
     pub applier_paused: bool,
     pub next_sequence: u64,
@@ -142,6 +145,10 @@ pub struct State {
     /// Every record up to here is durable (a device flush covered it).
     pub durable_sequence: u64,
     pub flushing: bool,
+    /// When a caller last asked for a flush: while flushes come often, the
+    /// journal writer flushes each batch as soon as it is written (see
+    /// `journal_writer`).
+    pub last_flush_request: Option<std::time::Instant>,
     /// The journal writer waits for records (and must be woken).
     pub journal_idle: bool,
     /// Records after `applied_sequence`, in sequence order.
@@ -188,6 +195,7 @@ impl State {
             failed: None,
             shutting_down: false,
             urgent: false,
+            checkpoint_wanted: false,
             applier_paused: false,
             next_sequence: 1,
             head: 0,
@@ -197,6 +205,7 @@ impl State {
             written_sequence: 0,
             durable_sequence: 0,
             flushing: false,
+            last_flush_request: None,
             journal_idle: false,
             unapplied: VecDeque::new(),
             unapplied_bytes: 0,
@@ -371,6 +380,17 @@ impl Engine {
         self.changed.notify_all();
         self.applier_wake.notify_all();
         self.journal_wake.notify_all();
+    }
+
+    /// Chunks given back by overwrites and trims wait for the next
+    /// checkpoint, and more of them wait than are free: a stream of
+    /// whole-chunk writes (each redirected to a fresh chunk) is about to
+    /// run out of fresh chunks and fall back to the journal, so the applier
+    /// checkpoints early rather than at its interval.
+    pub fn frees_waiting(state: &State) -> bool {
+        !state.deferred_frees.is_empty()
+            && state.deferred_frees.len() as u64
+                > state.allocator.free_count() - state.reserved_chunks
     }
 
     /// Asks the applier to run now.

@@ -45,6 +45,7 @@ impl Engine {
             self.write_blocks(volume, first_block, blocks)?
         };
         if fua {
+            self.note_client_flush();
             self.flush_to(last_sequence)?;
         }
         Ok(())
@@ -154,6 +155,7 @@ impl Engine {
             )?;
         }
         if fua {
+            self.note_client_flush();
             match last_sequence {
                 0 => self.flush()?,
                 sequence => self.flush_to(sequence)?,
@@ -290,6 +292,10 @@ impl Engine {
             // which needs no new space.
             let available = state.allocator.free_count() - state.reserved_chunks;
             let redirect = whole_chunks && available >= block_count / BLOCKS_PER_CHUNK;
+            if whole_chunks && !state.checkpoint_wanted && Engine::frees_waiting(&state) {
+                state.checkpoint_wanted = true;
+                self.applier_wake.notify_all();
+            }
             let journal_bytes = if redirect {
                 record_journal_bytes(redirect_payload_bytes(block_count))
             } else {
@@ -415,8 +421,17 @@ impl Engine {
 
     /// Makes every write completed before this call durable.
     pub fn flush(&self) -> Result<(), TargetError> {
-        let target = self.lock().next_sequence - 1;
+        let target = {
+            let mut state = self.lock();
+            state.last_flush_request = Some(std::time::Instant::now());
+            state.next_sequence - 1
+        };
         self.flush_to(target)
+    }
+
+    /// A client asked for durability (FLUSH or FUA): see `sync_eagerly`.
+    fn note_client_flush(&self) {
+        self.lock().last_flush_request = Some(std::time::Instant::now());
     }
 
     /// Returns once every record up to `sequence` is durable. Concurrent
