@@ -13,13 +13,16 @@
 #        REPEAT   runs per job, median kept  (default 3;  --quick: 1)
 #        SIZE     volume / file size         (default 1G; --quick: 256M)
 #        SCRATCH  scratch dir (not tmpfs)    (default target/bench-scratch-replicated)
-#        TARGETS  subset, e.g. "trireme qemu-nbd" (default "trireme qemu-nbd raw")
+#        TARGETS  subset, e.g. "trireme qemu-nbd" (default "trireme qemu-nbd raw raw3")
 #        JOBS     subset of J1..J6           (default "J1 J2 J3"; all: "J1 J2 J3 J4 J5 J6")
 #        OUT      results file               (default bench/RESULTS.md; only the part between
 #                 <!-- replicated:begin --> and <!-- replicated:end --> is replaced)
 #        KEEP_SCRATCH=1 keeps the node data dirs, pools and raw images after the run
 # Targets (issue "Replication"): J2 IOPS >= 0.33 x qemu-nbd; J1 cycle latency
 # <= raw J1 (libaio direct=1, fsync=1) + 100 us; J3 IOPS >= 0.9 x qemu-nbd.
+# raw3 (J1 only) is the device floor of a replicated J1 here: three fio jobs at
+# once, each a 4k write + fsync stream on its own file, as the three replicas
+# on this one disk each write and flush; its J1 cycle is per stream.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,7 +45,7 @@ RUNTIME=${RUNTIME:-10}
 REPEAT=${REPEAT:-3}
 SIZE=${SIZE:-1G}
 SCRATCH=${SCRATCH:-$repo/target/bench-scratch-replicated}
-TARGETS=${TARGETS:-trireme qemu-nbd raw}
+TARGETS=${TARGETS:-trireme qemu-nbd raw raw3}
 JOBS=${JOBS:-J1 J2 J3}
 OUT=${OUT:-$here/RESULTS.md}
 envline="RUNTIME=$RUNTIME REPEAT=$REPEAT SIZE=$SIZE TARGETS=\"$TARGETS\" JOBS=\"$JOBS\""
@@ -63,7 +66,7 @@ node_tails() {
 die() { log "ERROR: $*"; node_tails; exit 1; }
 
 for j in $JOBS; do case "$j" in J[1-6]) ;; *) die "unknown job $j (JOBS takes J1..J6)" ;; esac; done
-for t in $TARGETS; do case "$t" in trireme|qemu-nbd|raw) ;; *) die "unknown target $t" ;; esac; done
+for t in $TARGETS; do case "$t" in trireme|qemu-nbd|raw|raw3) ;; *) die "unknown target $t" ;; esac; done
 for t in fio python3 qemu-nbd nbdinfo curl; do command -v $t >/dev/null || die "$t not installed"; done
 
 size_bytes=$(python3 -c "
@@ -365,6 +368,16 @@ print("after the run: volume state %s, generation %s, primaries %s; replicas %s"
         log "raw: libaio --direct=1 on $img"
         run_target raw "" --ioengine=libaio --direct=1 --filename="$img"
         ;;
+    raw3)
+        if [[ " $JOBS " == *" J1 "* ]]; then
+            for i in 0 1 2; do
+                fallocate -l "$size_bytes" "$SCRATCH/raw3.$i.img" 2>/dev/null || truncate -s "$size_bytes" "$SCRATCH/raw3.$i.img"
+            done
+            log "raw3: three libaio --direct=1 fsync=1 streams at once, one per file (J1 only)"
+            JOBS=J1 run_target raw3 "" --ioengine=libaio --direct=1 --numjobs=3 \
+                --filename_format="$SCRATCH/raw3.\$jobnum.img"
+        fi
+        ;;
     *) die "unknown target $target" ;;
     esac
 done
@@ -410,7 +423,9 @@ def git(*a):
     except Exception: return "?"
 def cycle(t, j="J1"):
     i = m(t, j, "iops")
-    return 1e6 / i if i else None
+    # raw3's IOPS are its three streams' together; a cycle is one stream's
+    streams = 3 if t == "raw3" else 1
+    return streams * 1e6 / i if i else None
 cpu = "?"
 for l in open("/proc/cpuinfo"):
     if l.startswith("model name"): cpu = l.split(":", 1)[1].strip(); break
@@ -431,6 +446,8 @@ L.append("- **trireme** = three `trireme node run` processes (n1, n2, n3) on 127
 L.append("- **all three replicas are on the same disk** (and the three nodes share this machine's CPUs with fio): every replicated write costs three device writes, and every flush three device flushes; "
          "on three machines each disk takes one of them")
 L.append("- baselines as in bench/run.sh: **qemu-nbd** = `qemu-nbd -f raw --cache=writeback --aio=threads -e 16` on a raw file, fio `--ioengine=nbd`; **raw** = fio `--ioengine=libaio --direct=1` on a raw file (no replication)")
+L.append("- **raw3** (J1 only) = three fio jobs at once (`--numjobs=3`, libaio `--direct=1`, fsync=1), each on its own file on the same disk: "
+         "the device work of a replicated J1 when the three replicas share one disk, with no network and no NBD. Its IOPS are the three streams' together; its J1 cycle is one stream's")
 L.append("- IOPS range = lowest–highest of the runs whose median the table shows: a wide range means the disk or the machine was busy, and the ratios below are then unreliable")
 L.append("- latency = completion latency (clat) in µs, the worse of read/write for mixed jobs; J1 cycle µs = 1e6 / IOPS (one 4k write plus its fsync/NBD FLUSH)")
 L.append("- server CPU % = usr+sys over the run, % of one core, for trireme the sum of the three node processes (n1 / n2 / n3 shown apart); "
@@ -443,6 +460,8 @@ for t in targets:
     L.append("| job | what | IOPS | IOPS range | MiB/s | p50 µs | p99 µs | p99.9 µs | flush p50 µs | J1 cycle µs | server CPU % | n1 / n2 / n3 CPU % | server CPU µs per I/O | fio CPU % |")
     L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for j in jobs:
+        if t == "raw3" and j != "J1":
+            continue
         L.append(f"| {j} | {desc[j]} | {f(m(t,j,'iops'))} | {spread(t,j)} | {f(m(t,j,'mibs'),'%.1f')} | {f(m(t,j,'p50'),'%.1f')} | {f(m(t,j,'p99'),'%.1f')} | {f(m(t,j,'p999'),'%.1f')} | {f(m(t,j,'sync_p50'),'%.1f')} | {f(cycle(t) if j == 'J1' else None,'%.1f')} | {f(m(t,j,'server_cpu'))} | {each(t,j) or '-'} | {f(m(t,j,'cpu_us_per_io'),'%.1f')} | {f(m(t,j,'fio_cpu'))} |")
     L.append("")
 if "trireme" in targets:
@@ -457,6 +476,10 @@ if "trireme" in targets:
     a, b = cycle("trireme"), cycle("raw")
     d = a - b if a and b else None
     L.append(f"| J1 cycle latency ≤ raw J1 (libaio direct=1, fsync=1) + 100 µs | {f(a,'%.1f')} µs | {f(b,'%.1f')} µs (raw) | {f(d,'%+.1f')} µs | {yes(None if d is None else d <= 100)} |")
+    b3 = cycle("raw3")
+    if b3:
+        d3 = a - b3 if a else None
+        L.append(f"| (context, not the target) J1 cycle above the device floor of three replicas on one disk (raw3) | {f(a,'%.1f')} µs | {f(b3,'%.1f')} µs (raw3) | {f(d3,'%+.1f')} µs | - |")
     a, b = m("trireme", "J3", "iops"), m("qemu-nbd", "J3", "iops")
     r = a / b if a and b else None
     L.append(f"| J3 4k randread QD32 IOPS ≥ 0.9 × qemu-nbd (local replica) | {f(a)} IOPS | {f(b)} IOPS (qemu-nbd) | {f(r,'%.3f')}× | {yes(None if r is None else r >= 0.9)} |")
