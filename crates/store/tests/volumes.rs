@@ -224,3 +224,50 @@ fn deleting_a_volume_returns_its_space_and_a_pool_refuses_a_second_create() {
         "a second pool over the first must be refused"
     );
 }
+
+/// Whole-chunk writes are applied without waiting for a device flush, but
+/// the pad that ends a lap of the journal is not: a stream of them with no
+/// flush, right after a lap ended, once filled the applier's memory and
+/// stopped every writer for good (a 128k sequential write benchmark hung).
+#[test]
+fn whole_chunk_writes_after_the_end_of_a_journal_lap_never_stall() {
+    // 192 MiB: a 12 MiB journal (1/16 of the pool), and fresh chunks for
+    // more than the writers' 64 MiB memory cap.
+    let test = TestPool::create(192 * MIB);
+    test.pool.create_volume(&name("v"), 96 * MIB).unwrap();
+    let volume = test.pool.open_volume(&name("v")).unwrap();
+    // 4 KiB records take 4160 journal bytes: 3024 of them leave 3072 bytes
+    // of the first lap, room for two whole-chunk records (1152 bytes each)
+    // before the pad.
+    let journal_bytes = 12 * MIB;
+    let records = journal_bytes / 4160;
+    assert_eq!(records, 3024);
+    for index in 0..records {
+        volume.write(0, pattern(index, 4096), false).unwrap();
+    }
+    volume.flush().unwrap();
+    // Long enough after the flush that the journal writer no longer flushes
+    // each batch for a synchronous writer (that would hide the pad).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (done, finished) = std::sync::mpsc::channel();
+    let writer = volume.clone();
+    std::thread::spawn(move || {
+        for index in 0..80 {
+            let offset = (index + 1) * MIB;
+            writer
+                .write(offset, pattern(index, MIB as usize), false)
+                .unwrap();
+        }
+        let _ = done.send(());
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("80 MiB of whole-chunk writes did not complete within 60 s");
+    volume.flush().unwrap();
+    let mut back = vec![0u8; MIB as usize];
+    volume.read(80 * MIB, &mut back).unwrap();
+    assert!(
+        back == pattern(79, MIB as usize),
+        "the last write reads back"
+    );
+}

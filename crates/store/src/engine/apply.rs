@@ -243,16 +243,16 @@ impl Engine {
             if everything_admitted {
                 (state.next_sequence - 1, true)
             } else {
-                // Redirects (and pads) may be applied once written: a
-                // stream of whole-chunk writes costs no device flush here,
-                // which would stall the journal's writes behind it. The
-                // checkpoint flushes before it commits what they changed.
+                // Redirects may be applied once written: a stream of
+                // whole-chunk writes costs no device flush here, which would
+                // stall the journal's writes behind it. The checkpoint
+                // flushes before it commits what they changed. Anything
+                // else (a pad at the end of a lap too) waits to be durable.
                 let target = state.written_sequence;
                 let needs_flush = state.unapplied.iter().any(|record| {
                     record.sequence > state.durable_sequence
                         && record.sequence <= target
                         && !record.is_redirect()
-                        && !matches!(record.body, RecordBody::Pad)
                 });
                 (target, needs_flush)
             }
