@@ -186,6 +186,9 @@ impl Engine {
                         }
                     }
                 }
+                // Only the helpers' clones remain: one that dies without an
+                // answer then ends the wait below instead of hanging it.
+                drop(reply);
                 result = result.and(self.write_fresh_chunks(&fresh, direct_buffer));
                 for _ in 0..sent {
                     result = result.and(answers.recv().unwrap_or_else(|_| {
