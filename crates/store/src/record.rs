@@ -1,7 +1,7 @@
 //! A journal record in memory: what a write, trim or zero request became.
 
 use crate::journal::{RecordHeader, RecordKind};
-use trireme_types::VolumeId;
+use trireme_types::{BlockBuf, VolumeId};
 
 pub enum RecordBody {
     /// With `fresh_chunks` empty, the data goes through the journal and is
@@ -10,7 +10,7 @@ pub enum RecordBody {
     /// only names them (kind `Redirect`); applying it swaps the map entries.
     /// `data` of a redirect replayed from the journal is empty: it is on disk.
     Write {
-        data: Vec<u8>,
+        data: BlockBuf,
         block_crcs: Vec<u32>,
         fresh_chunks: Vec<u32>,
     },

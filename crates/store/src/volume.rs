@@ -5,8 +5,8 @@ use crate::engine::{Engine, View};
 use crate::StoreError;
 use std::sync::Arc;
 use trireme_types::{
-    Attempt, BlockStatusExtent, BlockTarget, SnapshotId, TargetError, VolumeId, VolumeName,
-    ZeroFlags,
+    Attempt, BlockBuf, BlockStatusExtent, BlockTarget, SnapshotId, TargetError, VolumeId,
+    VolumeName, ZeroFlags,
 };
 
 pub struct Volume {
@@ -71,7 +71,7 @@ impl BlockTarget for SnapshotView {
             .try_read_view(self.volume, View::Snapshot(self.id), offset, buffer)
     }
 
-    fn write(&self, _offset: u64, _data: Vec<u8>, _fua: bool) -> Result<(), TargetError> {
+    fn write(&self, _offset: u64, _data: BlockBuf, _fua: bool) -> Result<(), TargetError> {
         Err(TargetError::ReadOnly)
     }
 
@@ -115,11 +115,11 @@ impl BlockTarget for Volume {
         self.engine.read(self.id, offset, buffer)
     }
 
-    fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), TargetError> {
+    fn write(&self, offset: u64, data: BlockBuf, fua: bool) -> Result<(), TargetError> {
         self.engine.write(self.id, offset, data, fua)
     }
 
-    fn try_write(&self, offset: u64, data: Vec<u8>) -> Attempt<(), Vec<u8>> {
+    fn try_write(&self, offset: u64, data: BlockBuf) -> Attempt<(), BlockBuf> {
         self.engine.try_write(self.id, offset, data)
     }
 

@@ -16,7 +16,7 @@ fn flushed_writes_survive_and_replay_is_exact() {
     let volume = test.pool.open_volume(&name("v")).unwrap();
     for round in 0..50u64 {
         volume
-            .write((round % 20) * 65536, pattern(round, 65536), false)
+            .write((round % 20) * 65536, pattern(round, 65536).into(), false)
             .unwrap();
         if round % 7 == 0 {
             volume
@@ -42,11 +42,11 @@ fn a_torn_journal_tail_is_dropped_not_reported_as_corruption() {
     let test = TestPool::create(64 * MIB);
     test.pool.create_volume(&name("v"), 4 * MIB).unwrap();
     let volume = test.pool.open_volume(&name("v")).unwrap();
-    volume.write(0, vec![0xaa; 8192], true).unwrap();
+    volume.write(0, vec![0xaa; 8192].into(), true).unwrap();
     test.pool.sync().unwrap();
     test.pool.pause_applier(true);
-    volume.write(0, vec![0xbb; 8192], true).unwrap();
-    volume.write(8192, vec![0xcc; 4096], true).unwrap();
+    volume.write(0, vec![0xbb; 8192].into(), true).unwrap();
+    volume.write(8192, vec![0xcc; 4096].into(), true).unwrap();
     let copy = test.crash_files();
     // Tear the last record (the 0xcc one): flip a byte of its data.
     let device = std::fs::OpenOptions::new()
@@ -90,7 +90,7 @@ fn a_flipped_byte_in_place_is_caught_on_read() {
     test.pool.create_volume(&name("v"), 4 * MIB).unwrap();
     let volume = test.pool.open_volume(&name("v")).unwrap();
     let data = pattern(9, 65536);
-    volume.write(0, data.clone(), true).unwrap();
+    volume.write(0, data.clone().into(), true).unwrap();
     test.pool.sync().unwrap();
     let device = std::fs::OpenOptions::new()
         .read(true)
@@ -128,11 +128,11 @@ fn a_whole_chunk_write_with_torn_data_is_dropped_and_the_old_data_stays() {
     let volume = test.pool.open_volume(&name("v")).unwrap();
     let old = pattern(21, 65536);
     let new = pattern(22, 65536);
-    volume.write(0, old.clone(), true).unwrap();
+    volume.write(0, old.clone().into(), true).unwrap();
     test.pool.sync().unwrap();
     test.pool.pause_applier(true);
     // A whole, aligned chunk: written to a fresh chunk, the journal only names it.
-    volume.write(0, new.clone(), true).unwrap();
+    volume.write(0, new.clone().into(), true).unwrap();
     let copy = test.crash_files();
     let path = copy.path().join("pool.img");
     let device = std::fs::OpenOptions::new()

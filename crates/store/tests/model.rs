@@ -256,7 +256,9 @@ fn run(operations: Vec<Operation>) {
                     continue;
                 };
                 let data = pattern(seed, length as usize);
-                volume_of(volume).write(offset, data.clone(), fua).unwrap();
+                volume_of(volume)
+                    .write(offset, data.clone().into(), fua)
+                    .unwrap();
                 let image = &mut model.volumes[volume].image;
                 image.data[offset as usize..(offset + length) as usize].copy_from_slice(&data);
                 image.mark(offset, length, true, false);

@@ -37,7 +37,7 @@ fn writes_after_a_snapshot_leave_its_bytes_unchanged() {
     test.pool.create_volume(&name("v"), 4 * MIB).unwrap();
     let volume = test.pool.open_volume(&name("v")).unwrap();
     let before = pattern(1, 4 * CHUNK as usize);
-    volume.write(0, before.clone(), false).unwrap();
+    volume.write(0, before.clone().into(), false).unwrap();
     test.pool.sync().unwrap();
     volume.snapshot(SnapshotId(1)).unwrap();
     assert!(matches!(
@@ -45,8 +45,10 @@ fn writes_after_a_snapshot_leave_its_bytes_unchanged() {
         Err(StoreError::SnapshotExists { .. })
     ));
     // A partial block write, a 4 KiB write, and writes still in the journal.
-    volume.write(100, vec![0xaa; 300], false).unwrap();
-    volume.write(CHUNK + 4096, vec![0xbb; 4096], false).unwrap();
+    volume.write(100, vec![0xaa; 300].into(), false).unwrap();
+    volume
+        .write(CHUNK + 4096, vec![0xbb; 4096].into(), false)
+        .unwrap();
     let snapshot = test.pool.open_snapshot(&name("v"), SnapshotId(1)).unwrap();
     assert!(snapshot.read_only());
     assert_eq!(read(&*snapshot, 0, 4 * CHUNK), before);
@@ -59,12 +61,12 @@ fn writes_after_a_snapshot_leave_its_bytes_unchanged() {
     // A second write to a copied chunk goes in place: no new chunk.
     let allocated = test.pool.info().allocated_bytes;
     assert_eq!(allocated, 6 * CHUNK, "two chunks copied on write");
-    volume.write(CHUNK, vec![0xcc; 4096], false).unwrap();
+    volume.write(CHUNK, vec![0xcc; 4096].into(), false).unwrap();
     test.pool.sync().unwrap();
     assert_eq!(test.pool.info().allocated_bytes, allocated);
     // The view refuses writes and answers block status like the volume did.
     assert_eq!(
-        snapshot.write(0, vec![0; 4096], false),
+        snapshot.write(0, vec![0; 4096].into(), false),
         Err(TargetError::ReadOnly)
     );
     assert_eq!(snapshot.trim(0, 4096, false), Err(TargetError::ReadOnly));
@@ -91,22 +93,28 @@ fn deleting_the_middle_of_three_snapshots_returns_exactly_its_exclusive_space() 
     // second (the middle one holds it alone); chunk 2 never.
     for round in 0..3u64 {
         volume
-            .write(0, pattern(10 + round, CHUNK as usize), false)
+            .write(0, pattern(10 + round, CHUNK as usize).into(), false)
             .unwrap();
         if round == 1 {
-            volume.write(CHUNK, pattern(20, 4096), false).unwrap();
+            volume
+                .write(CHUNK, pattern(20, 4096).into(), false)
+                .unwrap();
         }
         if round == 0 {
-            volume.write(2 * CHUNK, pattern(30, 8192), false).unwrap();
+            volume
+                .write(2 * CHUNK, pattern(30, 8192).into(), false)
+                .unwrap();
         }
         volume.snapshot(SnapshotId(round + 1)).unwrap();
         images.push(read(&*volume, 0, 3 * CHUNK));
         if round == 1 {
             // The middle snapshot's chunk 1 is overwritten after it.
-            volume.write(CHUNK, pattern(21, 4096), false).unwrap();
+            volume
+                .write(CHUNK, pattern(21, 4096).into(), false)
+                .unwrap();
         }
     }
-    volume.write(0, pattern(40, 4096), false).unwrap();
+    volume.write(0, pattern(40, 4096).into(), false).unwrap();
     test.pool.sync().unwrap();
     let middle = info(&test, "v", 2);
     // Its own chunk 0 and chunk 1 (the volume rewrote both since).
@@ -154,7 +162,7 @@ fn a_clone_survives_deletion_of_its_origin_snapshot_and_volume() {
     test.pool.create_volume(&name("origin"), 4 * MIB).unwrap();
     let origin = test.pool.open_volume(&name("origin")).unwrap();
     let content = pattern(5, 8 * CHUNK as usize);
-    origin.write(0, content.clone(), false).unwrap();
+    origin.write(0, content.clone().into(), false).unwrap();
     origin.snapshot(SnapshotId(7)).unwrap();
     let before = test.pool.info().allocated_bytes;
     let info = test
@@ -175,8 +183,8 @@ fn a_clone_survives_deletion_of_its_origin_snapshot_and_volume() {
     let copy = test.pool.open_volume(&name("copy")).unwrap();
     assert_eq!(read(&*copy, 0, 8 * CHUNK), content);
     // Writes on either side copy on write.
-    origin.write(0, vec![1; 4096], false).unwrap();
-    copy.write(CHUNK, vec![2; 4096], false).unwrap();
+    origin.write(0, vec![1; 4096].into(), false).unwrap();
+    copy.write(CHUNK, vec![2; 4096].into(), false).unwrap();
     clean(&test);
     // A clone of a clone.
     copy.snapshot(SnapshotId(8)).unwrap();
@@ -198,7 +206,7 @@ fn a_clone_survives_deletion_of_its_origin_snapshot_and_volume() {
     let test = test.reopen();
     let copy2 = test.pool.open_volume(&name("copy2")).unwrap();
     assert_eq!(read(&*copy2, 0, 8 * CHUNK), expected);
-    copy2.write(0, vec![3; 4096], true).unwrap();
+    copy2.write(0, vec![3; 4096].into(), true).unwrap();
     clean(&test);
     test.pool.delete_volume(&name("copy2")).unwrap();
     assert_eq!(test.pool.info().allocated_bytes, 0);
@@ -211,16 +219,18 @@ fn rollback_restores_the_snapshot_and_keeps_the_snapshots() {
     test.pool.create_volume(&name("v"), 4 * MIB).unwrap();
     let volume = test.pool.open_volume(&name("v")).unwrap();
     let first = pattern(1, 4 * CHUNK as usize);
-    volume.write(0, first.clone(), false).unwrap();
+    volume.write(0, first.clone().into(), false).unwrap();
     volume.snapshot(SnapshotId(1)).unwrap();
     volume
-        .write(0, pattern(2, 2 * CHUNK as usize), false)
+        .write(0, pattern(2, 2 * CHUNK as usize).into(), false)
         .unwrap();
     volume.trim(2 * CHUNK, CHUNK, false).unwrap();
-    volume.write(8 * CHUNK, vec![9; 4096], false).unwrap();
+    volume
+        .write(8 * CHUNK, vec![9; 4096].into(), false)
+        .unwrap();
     volume.snapshot(SnapshotId(2)).unwrap();
     let second = read(&*volume, 0, 16 * CHUNK);
-    volume.write(CHUNK, vec![7; 8192], false).unwrap();
+    volume.write(CHUNK, vec![7; 8192].into(), false).unwrap();
     test.pool
         .rollback_volume(&name("v"), SnapshotId(1))
         .unwrap();
@@ -239,9 +249,9 @@ fn rollback_restores_the_snapshot_and_keeps_the_snapshots() {
     assert_eq!(read(&*view, 0, 16 * CHUNK), second);
     clean(&test);
     // Writes after the rollback leave both snapshots alone.
-    volume.write(0, vec![5; 4096], false).unwrap();
+    volume.write(0, vec![5; 4096].into(), false).unwrap();
     volume
-        .write(4 * CHUNK, vec![5; CHUNK as usize], false)
+        .write(4 * CHUNK, vec![5; CHUNK as usize].into(), false)
         .unwrap();
     let view = test.pool.open_snapshot(&name("v"), SnapshotId(1)).unwrap();
     assert_eq!(read(&*view, 0, 4 * CHUNK), first);
@@ -266,16 +276,16 @@ fn whole_chunk_writes_over_shared_chunks_keep_the_old_ones() {
     test.pool.create_volume(&name("v"), 4 * MIB).unwrap();
     let volume = test.pool.open_volume(&name("v")).unwrap();
     let old = pattern(3, 4 * CHUNK as usize);
-    volume.write(0, old.clone(), false).unwrap();
+    volume.write(0, old.clone().into(), false).unwrap();
     volume.snapshot(SnapshotId(1)).unwrap();
     test.pool
         .clone_volume(&name("v"), SnapshotId(1), &name("c"))
         .unwrap();
     // Whole aligned chunks: redirected to fresh chunks at admission.
     let new = pattern(4, 2 * CHUNK as usize);
-    volume.write(0, new.clone(), false).unwrap();
+    volume.write(0, new.clone().into(), false).unwrap();
     let clone = test.pool.open_volume(&name("c")).unwrap();
-    clone.write(2 * CHUNK, new.clone(), true).unwrap();
+    clone.write(2 * CHUNK, new.clone().into(), true).unwrap();
     test.pool.sync().unwrap();
     let snapshot = test.pool.open_snapshot(&name("v"), SnapshotId(1)).unwrap();
     assert_eq!(read(&*snapshot, 0, 4 * CHUNK), old);
@@ -302,7 +312,7 @@ fn trims_of_shared_chunks_free_nothing_the_snapshot_reads() {
     test.pool.create_volume(&name("v"), 4 * MIB).unwrap();
     let volume = test.pool.open_volume(&name("v")).unwrap();
     let old = pattern(6, 4 * CHUNK as usize);
-    volume.write(0, old.clone(), false).unwrap();
+    volume.write(0, old.clone().into(), false).unwrap();
     volume.snapshot(SnapshotId(1)).unwrap();
     // A whole chunk and half of another.
     volume.trim(0, CHUNK + CHUNK / 2, false).unwrap();
@@ -321,7 +331,7 @@ fn trims_of_shared_chunks_free_nothing_the_snapshot_reads() {
     // The half-trimmed chunk is shared (the snapshot reads all of it): a
     // write to its other half copies it.
     volume
-        .write(CHUNK + CHUNK / 2, vec![8; 4096], false)
+        .write(CHUNK + CHUNK / 2, vec![8; 4096].into(), false)
         .unwrap();
     expected[(CHUNK + CHUNK / 2) as usize..(CHUNK + CHUNK / 2 + 4096) as usize].fill(8);
     test.pool.sync().unwrap();
@@ -346,7 +356,7 @@ fn a_volume_with_a_hundred_snapshots_reads_and_writes() {
     for round in 0..100u64 {
         let offset = (round % 16) * CHUNK + (round % 7) * 4096;
         volume
-            .write(offset, vec![round as u8; 4096], false)
+            .write(offset, vec![round as u8; 4096].into(), false)
             .unwrap();
         expected[offset as usize..offset as usize + 4096].fill(round as u8);
         volume.snapshot(SnapshotId(round)).unwrap();
@@ -375,15 +385,15 @@ fn crashes_around_each_operation_leave_a_consistent_pool() {
     test.pool.create_volume(&name("v"), 4 * MIB).unwrap();
     let volume = test.pool.open_volume(&name("v")).unwrap();
     let base = pattern(11, 4 * CHUNK as usize);
-    volume.write(0, base.clone(), false).unwrap();
+    volume.write(0, base.clone().into(), false).unwrap();
     test.pool.sync().unwrap();
     test.pool.pause_applier(true);
     // The snapshot is durable and applied, not checkpointed: replay makes it.
-    volume.write(0, vec![1; 4096], false).unwrap();
+    volume.write(0, vec![1; 4096].into(), false).unwrap();
     volume.snapshot(SnapshotId(1)).unwrap();
     let mut at_snapshot = base.clone();
     at_snapshot[..4096].fill(1);
-    volume.write(CHUNK, vec![2; 4096], true).unwrap();
+    volume.write(CHUNK, vec![2; 4096].into(), true).unwrap();
     let mut now = at_snapshot.clone();
     now[CHUNK as usize..(CHUNK + 4096) as usize].fill(2);
     let check = |test: &TestPool, snapshots: &[(u64, &Vec<u8>)], content: &Vec<u8>| {
@@ -403,7 +413,7 @@ fn crashes_around_each_operation_leave_a_consistent_pool() {
     check(&test, &[(1, &at_snapshot)], &now);
     volume.snapshot(SnapshotId(2)).unwrap();
     volume
-        .write(2 * CHUNK, vec![3; CHUNK as usize], true)
+        .write(2 * CHUNK, vec![3; CHUNK as usize].into(), true)
         .unwrap();
     let at_second = now.clone();
     now[2 * CHUNK as usize..3 * CHUNK as usize].fill(3);
@@ -412,7 +422,7 @@ fn crashes_around_each_operation_leave_a_consistent_pool() {
     test.pool
         .clone_volume(&name("v"), SnapshotId(1), &name("c"))
         .unwrap();
-    volume.write(3 * CHUNK, vec![4; 4096], true).unwrap();
+    volume.write(3 * CHUNK, vec![4; 4096].into(), true).unwrap();
     now[3 * CHUNK as usize..(3 * CHUNK + 4096) as usize].fill(4);
     let (_copy, crashed) = check(&test, &[(1, &at_snapshot), (2, &at_second)], &now);
     let clone = crashed.open_volume(&name("c")).unwrap();
@@ -422,7 +432,7 @@ fn crashes_around_each_operation_leave_a_consistent_pool() {
     test.pool
         .delete_snapshot(&name("v"), SnapshotId(1))
         .unwrap();
-    volume.write(0, vec![5; 4096], true).unwrap();
+    volume.write(0, vec![5; 4096].into(), true).unwrap();
     now[..4096].fill(5);
     check(&test, &[(2, &at_second)], &now);
     // Rollback.
@@ -431,7 +441,7 @@ fn crashes_around_each_operation_leave_a_consistent_pool() {
         .unwrap();
     now = at_second.clone();
     check(&test, &[(2, &at_second)], &now);
-    volume.write(CHUNK, vec![6; 8192], true).unwrap();
+    volume.write(CHUNK, vec![6; 8192].into(), true).unwrap();
     now[CHUNK as usize..(CHUNK + 8192) as usize].fill(6);
     check(&test, &[(2, &at_second)], &now);
     // Delete the volume: the clone keeps its chunks.
@@ -453,7 +463,7 @@ fn a_snapshot_whose_record_is_torn_is_not_there_after_a_crash() {
     let test = TestPool::create(64 * MIB);
     test.pool.create_volume(&name("v"), 4 * MIB).unwrap();
     let volume = test.pool.open_volume(&name("v")).unwrap();
-    volume.write(0, vec![1; 4096], true).unwrap();
+    volume.write(0, vec![1; 4096].into(), true).unwrap();
     test.pool.sync().unwrap();
     test.pool.pause_applier(true);
     volume.snapshot(SnapshotId(1)).unwrap();
@@ -539,7 +549,7 @@ fn reads_during_copy_on_write_see_the_shared_data() {
     test.pool.create_volume(&name("v"), CHUNKS * CHUNK).unwrap();
     let volume = test.pool.open_volume(&name("v")).unwrap();
     let before = pattern(7, (CHUNKS * CHUNK) as usize);
-    volume.write(0, before.clone(), false).unwrap();
+    volume.write(0, before.clone().into(), false).unwrap();
     test.pool.sync().unwrap();
     volume.snapshot(SnapshotId(1)).unwrap();
     // Block 0 of every chunk, in a scattered order, held in the journal so
@@ -548,7 +558,7 @@ fn reads_during_copy_on_write_see_the_shared_data() {
     for round in 0..CHUNKS {
         let chunk = (round * 97) % CHUNKS;
         volume
-            .write(chunk * CHUNK, vec![0xee; 4096], false)
+            .write(chunk * CHUNK, vec![0xee; 4096].into(), false)
             .unwrap();
     }
     let applied = AtomicBool::new(false);

@@ -15,7 +15,7 @@ fn written_data_reads_back_and_the_rest_is_zero() {
     test.pool.create_volume(&name("v"), 16 * MIB).unwrap();
     let volume = test.pool.open_volume(&name("v")).unwrap();
     let data = pattern(1, 128 * 1024);
-    volume.write(4096 * 10, data.clone(), false).unwrap();
+    volume.write(4096 * 10, data.clone().into(), false).unwrap();
     let mut back = vec![0u8; data.len()];
     volume.read(4096 * 10, &mut back).unwrap();
     assert_eq!(back, data);
@@ -24,7 +24,7 @@ fn written_data_reads_back_and_the_rest_is_zero() {
     assert!(zeros.iter().all(|byte| *byte == 0));
     // Unaligned writes keep the bytes around them.
     volume
-        .write(4096 * 10 + 100, vec![0xee; 5000], true)
+        .write(4096 * 10 + 100, vec![0xee; 5000].into(), true)
         .unwrap();
     let mut back = vec![0u8; 12000];
     volume.read(4096 * 10, &mut back).unwrap();
@@ -43,7 +43,9 @@ fn trim_returns_whole_chunks_and_block_status_shows_holes() {
     let test = TestPool::create(64 * MIB);
     test.pool.create_volume(&name("v"), 8 * MIB).unwrap();
     let volume = test.pool.open_volume(&name("v")).unwrap();
-    volume.write(0, pattern(2, 256 * 1024), false).unwrap();
+    volume
+        .write(0, pattern(2, 256 * 1024).into(), false)
+        .unwrap();
     test.pool.sync().unwrap();
     assert_eq!(
         test.pool.volume_info(&name("v")).unwrap().allocated_bytes,
@@ -113,7 +115,7 @@ fn a_full_pool_answers_enospc_and_recovers_after_trim() {
     let volume = test.pool.open_volume(&name("big")).unwrap();
     let mut written = 0;
     let error = loop {
-        match volume.write(written, vec![7u8; MIB as usize], false) {
+        match volume.write(written, vec![7u8; MIB as usize].into(), false) {
             Ok(()) => written += MIB,
             Err(error) => break error,
         }
@@ -121,11 +123,13 @@ fn a_full_pool_answers_enospc_and_recovers_after_trim() {
     };
     assert!(matches!(error, TargetError::NoSpace { .. }), "{error:?}");
     // Overwriting allocated data still works in a full pool.
-    volume.write(0, vec![8u8; 4096], true).unwrap();
+    volume.write(0, vec![8u8; 4096].into(), true).unwrap();
     // Whole chunks too: with no fresh chunk left they go through the journal.
-    volume.write(65536, vec![8u8; 65536], true).unwrap();
+    volume.write(65536, vec![8u8; 65536].into(), true).unwrap();
     volume.trim(0, written, false).unwrap();
-    volume.write(0, vec![9u8; MIB as usize], true).unwrap();
+    volume
+        .write(0, vec![9u8; MIB as usize].into(), true)
+        .unwrap();
     let report = test.pool.scan().unwrap();
     assert!(report.is_clean(), "{report:?}");
 }
@@ -135,7 +139,7 @@ fn volumes_and_data_survive_a_restart() {
     let test = TestPool::create(64 * MIB);
     test.pool.create_volume(&name("keep"), 4 * MIB).unwrap();
     let volume = test.pool.open_volume(&name("keep")).unwrap();
-    volume.write(8192, pattern(3, 65536), false).unwrap();
+    volume.write(8192, pattern(3, 65536).into(), false).unwrap();
     drop(volume);
     let test = test.reopen();
     let volume = test.pool.open_volume(&name("keep")).unwrap();
@@ -183,7 +187,7 @@ fn bad_requests_get_clear_errors() {
     ));
     let volume = pool.open_volume(&name("a")).unwrap();
     assert!(matches!(
-        volume.write(4 * MIB, vec![0; 4096], false),
+        volume.write(4 * MIB, vec![0; 4096].into(), false),
         Err(TargetError::Invalid(_))
     ));
     assert!(matches!(
@@ -192,7 +196,7 @@ fn bad_requests_get_clear_errors() {
     ));
     pool.delete_volume(&name("a")).unwrap();
     assert!(matches!(
-        volume.write(0, vec![0; 4096], false),
+        volume.write(0, vec![0; 4096].into(), false),
         Err(TargetError::ShuttingDown)
     ));
     assert!(matches!(
@@ -208,7 +212,9 @@ fn deleting_a_volume_returns_its_space_and_a_pool_refuses_a_second_create() {
     let test = TestPool::create(32 * MIB);
     test.pool.create_volume(&name("gone"), 8 * MIB).unwrap();
     let volume = test.pool.open_volume(&name("gone")).unwrap();
-    volume.write(0, vec![1; 2 * MIB as usize], false).unwrap();
+    volume
+        .write(0, vec![1; 2 * MIB as usize].into(), false)
+        .unwrap();
     test.pool.sync().unwrap();
     assert_eq!(test.pool.info().allocated_bytes, 2 * MIB);
     test.pool.delete_volume(&name("gone")).unwrap();
@@ -243,7 +249,7 @@ fn whole_chunk_writes_after_the_end_of_a_journal_lap_never_stall() {
     let records = journal_bytes / 4160;
     assert_eq!(records, 3024);
     for index in 0..records {
-        volume.write(0, pattern(index, 4096), false).unwrap();
+        volume.write(0, pattern(index, 4096).into(), false).unwrap();
     }
     volume.flush().unwrap();
     // Long enough after the flush that the journal writer no longer flushes
@@ -255,7 +261,7 @@ fn whole_chunk_writes_after_the_end_of_a_journal_lap_never_stall() {
         for index in 0..80 {
             let offset = (index + 1) * MIB;
             writer
-                .write(offset, pattern(index, MIB as usize), false)
+                .write(offset, pattern(index, MIB as usize).into(), false)
                 .unwrap();
         }
         let _ = done.send(());

@@ -1,15 +1,18 @@
 //! Types shared by every trireme layer. Nothing here does I/O.
 //!
+//! - [`buffer`]: [`BlockBuf`], a write's bytes in page-aligned memory.
 //! - [`ids`]: typed identifiers (`VolumeId`, `PoolId`, ...) and validated names.
 //! - [`size`]: byte sizes as people write them (`512M`, `32G`, `4T`).
 //! - [`target`]: [`BlockTarget`], the interface an export serves. A local
 //!   store volume implements it today; the replication engine will too.
 
+pub mod buffer;
 pub mod ids;
 pub mod size;
 pub mod target;
 pub mod time;
 
+pub use buffer::BlockBuf;
 pub use ids::{
     Generation, GroupName, NameError, NodeId, NodeName, PoolId, PoolName, SnapshotId, SnapshotName,
     VolumeId, VolumeName,

@@ -11,6 +11,8 @@
 //! so a target may treat an out-of-range request as a programming error and
 //! answer [`TargetError::Invalid`].
 
+use crate::BlockBuf;
+
 /// Why a target refused or failed a request. Each maps to one NBD error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TargetError {
@@ -76,7 +78,7 @@ pub enum TargetRequest {
     },
     Write {
         offset: u64,
-        data: Vec<u8>,
+        data: BlockBuf,
         fua: bool,
     },
     Flush,
@@ -117,13 +119,13 @@ pub trait BlockTarget: Send + Sync + 'static {
 
     /// Writes `data` at `offset`. With `fua`, the data is durable before this
     /// returns; without, it is durable after the next [`BlockTarget::flush`].
-    fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), TargetError>;
+    fn write(&self, offset: u64, data: BlockBuf, fua: bool) -> Result<(), TargetError>;
 
     /// A plain (not FUA) write that completes without blocking the calling
     /// thread, or the data handed back. The NBD server calls this on its
     /// network threads first, which saves two thread switches per request,
     /// and falls back to [`BlockTarget::write`] on an I/O thread.
-    fn try_write(&self, offset: u64, data: Vec<u8>) -> Attempt<(), Vec<u8>> {
+    fn try_write(&self, offset: u64, data: BlockBuf) -> Attempt<(), BlockBuf> {
         let _ = offset;
         Attempt::WouldBlock(data)
     }

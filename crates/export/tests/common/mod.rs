@@ -75,7 +75,12 @@ impl BlockTarget for MemoryTarget {
         buffer.copy_from_slice(&state.0[offset as usize..offset as usize + buffer.len()]);
         Ok(())
     }
-    fn write(&self, offset: u64, data: Vec<u8>, _fua: bool) -> Result<(), TargetError> {
+    fn write(
+        &self,
+        offset: u64,
+        data: trireme_types::BlockBuf,
+        _fua: bool,
+    ) -> Result<(), TargetError> {
         if self.read_only {
             return Err(TargetError::ReadOnly);
         }
@@ -207,7 +212,12 @@ impl BlockTarget for AsyncTarget {
     fn read(&self, _offset: u64, _buffer: &mut [u8]) -> Result<(), TargetError> {
         panic!("an asynchronous target is never called synchronously for reads")
     }
-    fn write(&self, _offset: u64, _data: Vec<u8>, _fua: bool) -> Result<(), TargetError> {
+    fn write(
+        &self,
+        _offset: u64,
+        _data: trireme_types::BlockBuf,
+        _fua: bool,
+    ) -> Result<(), TargetError> {
         panic!("an asynchronous target is never called synchronously for writes")
     }
     fn flush(&self) -> Result<(), TargetError> {

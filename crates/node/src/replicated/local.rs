@@ -143,7 +143,7 @@ impl LocalLink {
                 {
                     return Ok((Some(refusal), true));
                 }
-                match volume.try_write(offset, data.to_vec()) {
+                match volume.try_write(offset, trireme_types::BlockBuf::from(&data[..])) {
                     Attempt::Done(result) => Ok((
                         Some(FromReplica::Ack {
                             seq,

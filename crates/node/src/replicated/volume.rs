@@ -10,7 +10,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use trireme_replication::{ClientError, ClientRequest, Completion, Payload, ReadData};
 use trireme_types::{
-    BlockStatusExtent, BlockTarget, Completer, TargetError, TargetReply, TargetRequest, ZeroFlags,
+    BlockBuf, BlockStatusExtent, BlockTarget, Completer, TargetError, TargetReply, TargetRequest,
+    ZeroFlags,
 };
 
 use super::engine::EngineHandle;
@@ -100,8 +101,8 @@ impl BlockTarget for ReplicatedVolume {
         }
     }
 
-    fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), TargetError> {
-        self.write_payload(offset, Payload::Data(Arc::from(data)), fua)
+    fn write(&self, offset: u64, data: BlockBuf, fua: bool) -> Result<(), TargetError> {
+        self.write_payload(offset, Payload::Data(Arc::from(&data[..])), fua)
     }
 
     fn flush(&self) -> Result<(), TargetError> {
@@ -157,7 +158,7 @@ impl BlockTarget for ReplicatedVolume {
             }
             TargetRequest::Write { offset, data, fua } => ClientRequest::Write {
                 offset,
-                payload: Payload::Data(Arc::from(data)),
+                payload: Payload::Data(Arc::from(&data[..])),
                 fua,
             },
             TargetRequest::Flush => ClientRequest::Flush,

@@ -3,12 +3,14 @@
 //!
 //! The decoder is fed a [`BytesMut`] the runtime reads into. A request comes
 //! out once its header (and, for WRITE, its whole payload) has arrived.
-//! Payload bytes move from the input into the request's own `Vec` as they
-//! arrive, so the input buffer stays at socket-read size and the payload is
-//! copied once; a caller may also read the rest of a payload straight into
-//! that `Vec` ([`RequestDecoder::payload_buffer`]).
+//! Payload bytes move from the input into the request's own [`BlockBuf`]
+//! as they arrive, so the input buffer stays at socket-read size and the
+//! payload is copied once; a caller may also read the rest of a payload
+//! straight into that buffer ([`RequestDecoder::payload_buffer`]). Its
+//! memory is page-aligned, so the store can hand it to the device as it is.
 
 use bytes::{Buf, BytesMut};
+use trireme_types::BlockBuf;
 
 use super::constants::*;
 use super::handshake::Negotiated;
@@ -38,7 +40,7 @@ pub enum RequestKind {
     },
     Write {
         offset: u64,
-        data: Vec<u8>,
+        data: BlockBuf,
     },
     Flush,
     Trim {
@@ -100,7 +102,7 @@ enum State {
     /// A WRITE header arrived; its payload is being gathered.
     Payload {
         header: Header,
-        data: Vec<u8>,
+        data: BlockBuf,
     },
     Poisoned,
 }
@@ -141,7 +143,7 @@ impl RequestDecoder {
     /// rather than through the input buffer (one copy fewer per byte).
     /// Bytes appended there count as received; the next `decode` returns
     /// the request once the payload is whole. Never grow it past `missing`.
-    pub fn payload_buffer(&mut self) -> Option<(&mut Vec<u8>, usize)> {
+    pub fn payload_buffer(&mut self) -> Option<(&mut BlockBuf, usize)> {
         match &mut self.state {
             State::Payload { header, data } => {
                 let missing = header.length as usize - data.len();
@@ -185,7 +187,7 @@ impl RequestDecoder {
                             .min(PAYLOAD_INITIAL_CAPACITY_BYTES.max(input.len()));
                         self.state = State::Payload {
                             header,
-                            data: Vec::with_capacity(capacity),
+                            data: BlockBuf::with_capacity(capacity),
                         };
                         continue;
                     }

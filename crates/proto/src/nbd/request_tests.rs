@@ -66,7 +66,7 @@ fn decodes_every_command() {
                 true,
                 RequestKind::Write {
                     offset: 0,
-                    data: b"abc".to_vec()
+                    data: b"abc".to_vec().into()
                 }
             ),
             (3, false, RequestKind::Flush),
@@ -118,7 +118,7 @@ fn partial_input_waits_and_payload_streams() {
                 request.kind,
                 RequestKind::Write {
                     offset: 512,
-                    data: vec![0xab; 1000]
+                    data: vec![0xab; 1000].into()
                 }
             );
         }
@@ -207,7 +207,7 @@ fn validation_ranges_permissions_and_flags() {
 
     let write = RequestKind::Write {
         offset: 8190,
-        data: vec![0; 4],
+        data: vec![0; 4].into(),
     };
     assert_eq!(
         validate_request(&request(0, write.clone()), &rw),
@@ -303,7 +303,7 @@ fn a_payload_read_straight_into_its_buffer_completes_the_write() {
         request.kind,
         RequestKind::Write {
             offset: 4096,
-            data: b"abcdef".to_vec()
+            data: b"abcdef".to_vec().into()
         }
     );
     assert!(

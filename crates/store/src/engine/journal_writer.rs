@@ -3,22 +3,18 @@
 //! fresh chunks.
 
 use super::Engine;
-use crate::device::{page_bytes, AlignedPage};
 use crate::journal::{encode_redirect_payload, HEADER_BYTES};
 use crate::layout::CHUNK_BYTES;
 use crate::record::{Record, RecordBody};
 use std::io::IoSlice;
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 /// The journal writer thread: writes admitted records in order, as many
 /// per `pwritev` as are waiting, so one system call serves many requests and
 /// only one thread ever takes the file's write lock for the journal.
 pub fn run_journal_writer(engine: Arc<Engine>) {
-    // The bounce buffer of direct writes, kept from batch to batch, and the
-    // helpers that write shares of a large batch's fresh chunks beside this
-    // thread (they end, and are joined, when this thread returns).
-    let mut direct_buffer = Vec::new();
+    // The helpers that write shares of a large batch's fresh chunks beside
+    // this thread (they end, and are joined, when this thread returns).
     let helper = engine
         .direct
         .is_some()
@@ -54,7 +50,7 @@ pub fn run_journal_writer(engine: Arc<Engine>) {
             }
         }
         drop(state);
-        let result = engine.write_batch(&batch, &mut direct_buffer, helper.as_ref());
+        let result = engine.write_batch(&batch, helper.as_ref());
         state = engine.lock();
         match result {
             Ok(()) => {
@@ -126,7 +122,6 @@ impl Engine {
     fn write_batch(
         &self,
         batch: &[Arc<Record>],
-        direct_buffer: &mut Vec<AlignedPage>,
         helper: Option<&DirectHelper>,
     ) -> std::io::Result<()> {
         let headers: Vec<[u8; HEADER_BYTES as usize]> = batch
@@ -165,8 +160,7 @@ impl Engine {
         match helper {
             Some(helper) if fresh.len() >= DIRECT_SPLIT_MIN_CHUNKS => {
                 // Several writes in flight: the device takes them in
-                // parallel, and each thread's copy into its buffer overlaps
-                // the others' writes.
+                // parallel.
                 let share = fresh.len().div_ceil(helper.jobs.len() + 1);
                 let (reply, answers) = std::sync::mpsc::sync_channel(helper.jobs.len());
                 let mut sent = 0;
@@ -182,14 +176,14 @@ impl Engine {
                     }) {
                         Ok(()) => sent += 1,
                         Err(std::sync::mpsc::SendError(job)) => {
-                            result = result.and(self.write_fresh_chunks(&job.chunks, direct_buffer))
+                            result = result.and(self.write_fresh_chunks(&job.chunks))
                         }
                     }
                 }
                 // Only the helpers' clones remain: one that dies without an
                 // answer then ends the wait below instead of hanging it.
                 drop(reply);
-                result = result.and(self.write_fresh_chunks(&fresh, direct_buffer));
+                result = result.and(self.write_fresh_chunks(&fresh));
                 for _ in 0..sent {
                     result = result.and(answers.recv().unwrap_or_else(|_| {
                         Err(std::io::Error::other("a direct-write helper ended"))
@@ -197,7 +191,7 @@ impl Engine {
                 }
                 result?;
             }
-            _ => self.write_fresh_chunks(&fresh, direct_buffer)?,
+            _ => self.write_fresh_chunks(&fresh)?,
         }
         let mut payloads = payloads.iter();
         let mut slices = Vec::with_capacity(batch.len() * 2);
@@ -225,15 +219,13 @@ impl Engine {
 
     /// Writes the batch's whole chunks to their fresh chunks, one system
     /// call per run of consecutive chunks (sequential writes get consecutive
-    /// ones, across records). With `O_DIRECT` the run is gathered into an
-    /// aligned buffer first: a memory copy is far cheaper than the page
-    /// cache's, and the device gets one large write.
-    fn write_fresh_chunks(
-        &self,
-        fresh: &[FreshChunk],
-        buffer: &mut Vec<AlignedPage>,
-    ) -> std::io::Result<()> {
-        let chunk = CHUNK_BYTES as usize;
+    /// ones, across records). With `O_DIRECT` the device takes each chunk
+    /// from the request's own buffer: it is page-aligned ([`BlockBuf`]) and
+    /// a chunk starts at a multiple of 64 KiB in it, so nothing is copied;
+    /// the page cache's copy was the largest cost of large writes.
+    ///
+    /// [`BlockBuf`]: trireme_types::BlockBuf
+    fn write_fresh_chunks(&self, fresh: &[FreshChunk]) -> std::io::Result<()> {
         let mut start = 0;
         while start < fresh.len() {
             let mut end = start + 1;
@@ -241,31 +233,20 @@ impl Engine {
                 end += 1;
             }
             let offset = self.layout.data_offset + fresh[start].physical as u64 * CHUNK_BYTES;
-            let run = &fresh[start..end];
-            match &self.direct {
+            let mut slices: Vec<IoSlice> = fresh[start..end]
+                .iter()
+                .map(|fresh| IoSlice::new(fresh.data()))
+                .collect();
+            let file = match &self.direct {
                 Some(direct) => {
-                    let pages = run.len() * chunk / 4096;
-                    if buffer.len() < pages {
-                        buffer.resize(pages, AlignedPage([0; 4096]));
-                    }
-                    let bytes = &mut page_bytes(buffer)[..run.len() * chunk];
-                    for (into, fresh) in bytes.chunks_exact_mut(chunk).zip(run) {
-                        into.copy_from_slice(fresh.data());
-                    }
-                    direct.write_all_at(bytes, offset)?;
+                    debug_assert!(slices.iter().all(|slice| (slice.as_ptr() as usize)
+                        .is_multiple_of(trireme_types::BlockBuf::ALIGN)));
+                    direct
                 }
-                None => {
-                    let mut slices: Vec<IoSlice> =
-                        run.iter().map(|fresh| IoSlice::new(fresh.data())).collect();
-                    write_all_vectored_at(&self.file, &mut slices, offset)?;
-                }
-            }
+                None => &self.file,
+            };
+            write_all_vectored_at(file, &mut slices, offset)?;
             start = end;
-        }
-        // A batch holds JOURNAL_BATCH_MAX_BYTES and one record more; a buffer
-        // grown well past that by one huge write is not kept.
-        if buffer.len() * 4096 > 2 * JOURNAL_BATCH_MAX_BYTES as usize {
-            *buffer = Vec::new();
         }
         Ok(())
     }
@@ -327,9 +308,8 @@ fn spawn_direct_helper(engine: Arc<Engine>) -> DirectHelper {
         let engine = engine.clone();
         let name = format!("direct-{}", engine.pool_name);
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
-            let mut buffer = Vec::new();
             while let Ok(job) = receiver.recv() {
-                let result = engine.write_fresh_chunks(&job.chunks, &mut buffer);
+                let result = engine.write_fresh_chunks(&job.chunks);
                 let _ = job.reply.send(result);
             }
         });

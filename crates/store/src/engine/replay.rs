@@ -250,7 +250,7 @@ impl Engine {
                 RecordKind::Write
                     if header.block_count > 0 && header.journal_bytes() <= lap_left =>
                 {
-                    let mut data = vec![0u8; header.data_bytes() as usize];
+                    let mut data = trireme_types::BlockBuf::zeroed(header.data_bytes() as usize);
                     self.file
                         .read_exact_at(&mut data, physical + HEADER_BYTES)
                         .map_err(|error| StoreError::io("reading the journal", error))?;
@@ -284,7 +284,7 @@ impl Engine {
                     }
                     (
                         RecordBody::Write {
-                            data: Vec::new(),
+                            data: trireme_types::BlockBuf::new(),
                             block_crcs: crcs,
                             fresh_chunks,
                         },

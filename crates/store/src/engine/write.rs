@@ -12,7 +12,7 @@ use crate::journal::{
 use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
 use crate::record::{Record, RecordBody};
 use std::sync::{Arc, MutexGuard};
-use trireme_types::{Attempt, TargetError, VolumeId};
+use trireme_types::{Attempt, BlockBuf, TargetError, VolumeId};
 
 /// What admission did with a record.
 enum Admission {
@@ -25,7 +25,7 @@ impl Engine {
         &self,
         volume: VolumeId,
         offset: u64,
-        data: Vec<u8>,
+        data: BlockBuf,
         fua: bool,
     ) -> Result<(), TargetError> {
         if data.is_empty() {
@@ -57,10 +57,10 @@ impl Engine {
         volume: VolumeId,
         offset: u64,
         data: &[u8],
-    ) -> Result<(u64, Vec<u8>), TargetError> {
+    ) -> Result<(u64, BlockBuf), TargetError> {
         let first_block = offset / BLOCK_BYTES;
         let end_block = (offset + data.len() as u64).div_ceil(BLOCK_BYTES);
-        let mut blocks = vec![0u8; ((end_block - first_block) * BLOCK_BYTES) as usize];
+        let mut blocks = BlockBuf::zeroed(((end_block - first_block) * BLOCK_BYTES) as usize);
         let block = BLOCK_BYTES as usize;
         if !offset.is_multiple_of(BLOCK_BYTES) {
             self.read(volume, first_block * BLOCK_BYTES, &mut blocks[..block])?;
@@ -86,13 +86,13 @@ impl Engine {
         &self,
         volume: VolumeId,
         first_block: u64,
-        data: Vec<u8>,
+        data: BlockBuf,
     ) -> Result<u64, TargetError> {
-        let pieces: Vec<Vec<u8>> = if data.len() as u64 <= RECORD_MAX_DATA_BYTES {
+        let pieces: Vec<BlockBuf> = if data.len() as u64 <= RECORD_MAX_DATA_BYTES {
             vec![data]
         } else {
             data.chunks(RECORD_MAX_DATA_BYTES as usize)
-                .map(<[u8]>::to_vec)
+                .map(BlockBuf::from)
                 .collect()
         };
         let mut block = first_block;
@@ -134,16 +134,13 @@ impl Engine {
         if !trim {
             let head_end = end.min(first_whole * BLOCK_BYTES);
             if head_end > offset {
-                self.write(volume, offset, vec![0; (head_end - offset) as usize], false)?;
+                let zeroes = BlockBuf::zeroed((head_end - offset) as usize);
+                self.write(volume, offset, zeroes, false)?;
             }
             let tail_start = (end_whole * BLOCK_BYTES).max(offset).max(head_end);
             if end > tail_start {
-                self.write(
-                    volume,
-                    tail_start,
-                    vec![0; (end - tail_start) as usize],
-                    false,
-                )?;
+                let zeroes = BlockBuf::zeroed((end - tail_start) as usize);
+                self.write(volume, tail_start, zeroes, false)?;
             }
         }
         if end_whole > first_whole {
@@ -176,7 +173,8 @@ impl Engine {
         let mut done = 0;
         while done < length {
             let piece = (length - done).min(RECORD_MAX_DATA_BYTES);
-            self.write(volume, offset + done, vec![0; piece as usize], false)?;
+            let zeroes = BlockBuf::zeroed(piece as usize);
+            self.write(volume, offset + done, zeroes, false)?;
             done += piece;
         }
         if fua {
@@ -186,7 +184,12 @@ impl Engine {
     }
 
     /// A plain aligned write admitted without waiting, or the data back.
-    pub fn try_write(&self, volume: VolumeId, offset: u64, data: Vec<u8>) -> Attempt<(), Vec<u8>> {
+    pub fn try_write(
+        &self,
+        volume: VolumeId,
+        offset: u64,
+        data: BlockBuf,
+    ) -> Attempt<(), BlockBuf> {
         if data.is_empty() {
             return Attempt::Done(Ok(()));
         }
