@@ -3,6 +3,9 @@
 #   (a) trireme          (fio --ioengine=nbd, a volume on a file-backed pool)
 #   (b) qemu-nbd         (fio --ioengine=nbd, raw file, --cache=writeback)
 #   (c) raw file         (fio --ioengine=libaio --direct=1)
+#   (d) qemu-direct      (fio --ioengine=nbd, raw file, qemu-nbd --cache=none --aio=native):
+#                        context, not a target: the same server writing the device
+#                        directly, as trireme does, instead of into the page cache
 # all in one scratch directory on the same disk, and writes bench/RESULTS.md.
 #
 # Usage: bench/run.sh [--quick] [--no-build]
@@ -10,12 +13,12 @@
 #        REPEAT   runs per job, median kept  (default 3;  --quick: 1)
 #        SIZE     volume / file size         (default 2G; --quick: 256M)
 #        SCRATCH  scratch dir (not tmpfs)    (default target/bench-scratch)
-#        TARGETS  subset, e.g. "trireme qemu-nbd" (default "trireme qemu-nbd raw")
+#        TARGETS  subset, e.g. "trireme qemu-nbd" (default "trireme qemu-nbd raw qemu-direct")
 #        JOBS     subset, e.g. "J1 J2"        (default "J1 J2 J3 J4 J5 J6")
 #        OUT      results file               (default bench/RESULTS.md; only the part between
 #                 <!-- foundation:begin --> and <!-- foundation:end --> is replaced)
 #        KEEP_SCRATCH=1 keeps the volume/pool/raw images after the run
-# Default total: 3 targets x 6 jobs x 3 repeats x (10 s + 1 s ramp) + prefill ≈ 11 min.
+# Default total: 4 targets x 6 jobs x 3 repeats x (10 s + 1 s ramp) + prefill ≈ 15 min.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,7 +30,7 @@ for a in "$@"; do
     case "$a" in
         --quick) quick=1 ;;
         --no-build) build=0 ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
         *) echo "unknown argument: $a" >&2; exit 2 ;;
     esac
 done
@@ -38,7 +41,7 @@ RUNTIME=${RUNTIME:-10}
 REPEAT=${REPEAT:-3}
 SIZE=${SIZE:-2G}
 SCRATCH=${SCRATCH:-$repo/target/bench-scratch}
-TARGETS=${TARGETS:-trireme qemu-nbd raw}
+TARGETS=${TARGETS:-trireme qemu-nbd raw qemu-direct}
 JOBS=${JOBS:-J1 J2 J3 J4 J5 J6}
 OUT=${OUT:-$here/RESULTS.md}
 envline="RUNTIME=$RUNTIME REPEAT=$REPEAT SIZE=$SIZE TARGETS=\"$TARGETS\" JOBS=\"$JOBS\""
@@ -117,9 +120,12 @@ run_fio() {
         --output-format=json --output="$json" >/dev/null 2>"$json.err" \
         || { cat "$json.err" >&2; die "fio $target $job failed"; }
     t1=$(date +%s.%N); c1=$(proc_ticks "$spid")
-    python3 - "$json" "$target" "$job" "$rep" "$c0" "$c1" "$t0" "$t1" "$(getconf CLK_TCK)" "$spid" >>"$results" <<'PY'
+    # Data written but still only in the page cache when the job ends: a
+    # server writing through the cache may not have written the device yet.
+    dirty_kib=$(awk '/^Dirty:/ {print $2}' /proc/meminfo)
+    python3 - "$json" "$target" "$job" "$rep" "$c0" "$c1" "$t0" "$t1" "$(getconf CLK_TCK)" "$spid" "$dirty_kib" >>"$results" <<'PY'
 import json, sys
-path, target, job, rep, c0, c1, t0, t1, hz, spid = sys.argv[1:]
+path, target, job, rep, c0, c1, t0, t1, hz, spid, dirty_kib = sys.argv[1:]
 d = json.load(open(path))
 j = d["jobs"][0]
 iops = bw = 0.0
@@ -146,6 +152,7 @@ print(json.dumps({
     "p50": lat.get("p50"), "p99": lat.get("p99"), "p999": lat.get("p99.9"),
     "sync_p50": (sync.get("50.000000", 0) / 1000.0) or None,
     "server_cpu": server_cpu, "fio_cpu": j["usr_cpu"] + j["sys_cpu"],
+    "dirty_mib": int(dirty_kib) / 1024,
 }))
 PY
     tail -1 "$results" | python3 -c 'import json,sys; r=json.load(sys.stdin); print("  %-8s %s #%d: %9.0f IOPS %8.1f MiB/s p50 %7.1f us p99 %8.1f us server cpu %s%%" % (r["target"], r["job"], r["rep"], r["iops"], r["mibs"], r["p50"] or 0, r["p99"] or 0, "-" if r["server_cpu"] is None else "%.0f" % r["server_cpu"]))' >&2
@@ -211,6 +218,19 @@ for target in $TARGETS; do
         run_target qemu-nbd "$qpid" --ioengine=nbd --uri="nbd://127.0.0.1:$port/bench"
         kill "$qpid" 2>/dev/null || true
         ;;
+    qemu-direct)
+        port=$(free_port)
+        img=$SCRATCH/qemu-direct.raw
+        fallocate -l "$size_bytes" "$img" 2>/dev/null || truncate -s "$size_bytes" "$img"
+        log "qemu-direct: starting qemu-nbd --cache=none --aio=native (port $port)"
+        qemu-nbd -f raw --cache=none --aio=native -t -e 16 -x bench -b 127.0.0.1 -p "$port" \
+            --pid-file="$SCRATCH/qemu-direct.pid" --fork "$img"
+        qpid=$(cat "$SCRATCH/qemu-direct.pid")
+        pids_to_kill+=("$qpid")
+        wait_port "$port" || die "qemu-nbd (direct) not listening"
+        run_target qemu-direct "$qpid" --ioengine=nbd --uri="nbd://127.0.0.1:$port/bench"
+        kill "$qpid" 2>/dev/null || true
+        ;;
     raw)
         img=$SCRATCH/raw.img
         fallocate -l "$size_bytes" "$img" 2>/dev/null || truncate -s "$size_bytes" "$img"
@@ -265,14 +285,15 @@ L.append(f"- {E['B_LOAD']} (other work on the machine skews results: compare run
 L.append(f"- fio {subprocess.run(['fio','--version'],capture_output=True,text=True).stdout.strip()}, {subprocess.run(['qemu-nbd','--version'],capture_output=True,text=True).stdout.splitlines()[0]}")
 L.append(f"- each job: {E['B_RUNTIME']} s time-based after 1 s ramp, median of {E['B_REPEAT']} runs, over {E['B_SIZE']} prefilled sequentially")
 L.append("- latency = completion latency (clat) in µs, the worse of read/write for mixed jobs; server CPU = usr+sys of the server process over the run, % of one core; fio CPU = fio's usr+sys %")
-L.append("- targets: **trireme** = `trireme node run`, volume on a file-backed pool, fio `--ioengine=nbd`; **qemu-nbd** = `qemu-nbd -f raw --cache=writeback --aio=threads -e 16` on a raw file, fio `--ioengine=nbd`; **raw** = fio `--ioengine=libaio --direct=1` on a raw file")
+L.append("- targets: **trireme** = `trireme node run`, volume on a file-backed pool, fio `--ioengine=nbd`; **qemu-nbd** = `qemu-nbd -f raw --cache=writeback --aio=threads -e 16` on a raw file, fio `--ioengine=nbd`; **raw** = fio `--ioengine=libaio --direct=1` on a raw file; **qemu-direct** (context, not a target) = `qemu-nbd -f raw --cache=none --aio=native -e 16`, fio `--ioengine=nbd`")
+L.append("- dirty MiB = `Dirty:` in /proc/meminfo when the job ended: data written into the page cache and not yet to the device")
 L.append("- J1 cycle µs = 1e6 / IOPS: one 4k write plus its fsync (NBD FLUSH), the latency a synchronous writer sees\n")
 for t in targets:
     L.append(f"## {t}\n")
-    L.append("| job | what | IOPS | MiB/s | p50 µs | p99 µs | p99.9 µs | flush p50 µs | J1 cycle µs | server CPU % | fio CPU % |")
-    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    L.append("| job | what | IOPS | MiB/s | p50 µs | p99 µs | p99.9 µs | flush p50 µs | J1 cycle µs | server CPU % | fio CPU % | dirty MiB |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for j in jobs:
-        L.append(f"| {j} | {desc[j]} | {f(m(t,j,'iops'))} | {f(m(t,j,'mibs'),'%.1f')} | {f(m(t,j,'p50'),'%.1f')} | {f(m(t,j,'p99'),'%.1f')} | {f(m(t,j,'p999'),'%.1f')} | {f(m(t,j,'sync_p50'),'%.1f')} | {f(1e6/m(t,j,'iops') if j == 'J1' and m(t,j,'iops') else None,'%.1f')} | {f(m(t,j,'server_cpu'))} | {f(m(t,j,'fio_cpu'))} |")
+        L.append(f"| {j} | {desc[j]} | {f(m(t,j,'iops'))} | {f(m(t,j,'mibs'),'%.1f')} | {f(m(t,j,'p50'),'%.1f')} | {f(m(t,j,'p99'),'%.1f')} | {f(m(t,j,'p999'),'%.1f')} | {f(m(t,j,'sync_p50'),'%.1f')} | {f(1e6/m(t,j,'iops') if j == 'J1' and m(t,j,'iops') else None,'%.1f')} | {f(m(t,j,'server_cpu'))} | {f(m(t,j,'fio_cpu'))} | {f(m(t,j,'dirty_mib'))} |")
     L.append("")
 if "trireme" in targets and "qemu-nbd" in targets:
     L.append("## trireme / qemu-nbd\n")
@@ -293,6 +314,20 @@ if "trireme" in targets and "qemu-nbd" in targets:
         else:
             tgt, ok = "IOPS ≥ 0.9×", (r is not None and r >= 0.9)
         L.append(f"| {j} | {f(r,'%.3f')} | {f(lr,'%.2f')} | {f(pr,'%.2f')} | {tgt} | {'yes' if ok else '**no**'} |")
+    L.append("")
+context = [t for t in ("qemu-direct", "raw") if t in targets]
+if "trireme" in targets and context:
+    L.append("## Context: trireme beside servers that write the device directly\n")
+    L.append("Not targets. qemu-nbd with `--cache=writeback` may leave a whole job's writes in the page cache (see dirty MiB); "
+             "these ratios compare trireme with the same work done straight to the device: IOPS ratios, and for J1 the cycle latency ratio.\n")
+    L.append("| job | " + " | ".join(f"trireme / {t}" for t in context) + " |")
+    L.append("|---|" + "---:|" * len(context))
+    for j in jobs:
+        cells = []
+        for t in context:
+            a, b = m("trireme", j, "iops"), m(t, j, "iops")
+            cells.append(f((b / a if j == "J1" else a / b) if a and b else None, "%.2f"))
+        L.append(f"| {j} | " + " | ".join(cells) + " |")
     L.append("")
 # Only this script's part of the file is replaced: the other benchmarks
 # (cluster_create.sh, replicated.sh, snapshots.sh) keep their sections.
