@@ -311,3 +311,30 @@ fn a_payload_read_straight_into_its_buffer_completes_the_write() {
         "the next header is awaited"
     );
 }
+
+/// The store writes whole chunks to the device with `O_DIRECT` straight
+/// from the decoded payload, which needs page-aligned memory: whether the
+/// payload came through the input buffer or was read into the decoder's
+/// buffer, in one piece or several.
+#[test]
+fn write_payloads_come_out_page_aligned() {
+    let chunk = vec![0x5a; 128 * 1024];
+    let mut decoder = RequestDecoder::new();
+    let mut input = BytesMut::new();
+    input.extend_from_slice(&header(0, CMD_WRITE, 1, 0, chunk.len() as u32));
+    input.extend_from_slice(&chunk);
+    input.extend_from_slice(&header(0, CMD_WRITE, 2, 0, chunk.len() as u32));
+    input.extend_from_slice(&chunk[..1000]);
+    let first = decoder.decode(&mut input).unwrap().expect("whole");
+    assert_eq!(decoder.decode(&mut input).unwrap(), None);
+    let (payload, missing) = decoder.payload_buffer().expect("gathering");
+    payload.extend_from_slice(&chunk[1000..1000 + missing]);
+    let second = decoder.decode(&mut input).unwrap().expect("whole");
+    for request in [first, second] {
+        let RequestKind::Write { data, .. } = request.kind else {
+            panic!("a write")
+        };
+        assert_eq!(&data[..], &chunk[..]);
+        assert_eq!(data.as_ptr() as usize % trireme_types::BlockBuf::ALIGN, 0);
+    }
+}
