@@ -179,6 +179,28 @@ wait_port() { # PORT
     return 1
 }
 
+# run_qemu_nbd TARGET sparse|allocated QEMU_NBD_CACHE_ARGS...: serves a raw
+# image with qemu-nbd and runs the jobs against it.
+run_qemu_nbd() {
+    local target=$1 layout=$2; shift 2
+    local port img=$SCRATCH/$target.raw qpid
+    port=$(free_port)
+    if [ "$layout" = allocated ]; then
+        fallocate -l "$size_bytes" "$img" 2>/dev/null || truncate -s "$size_bytes" "$img"
+    else
+        truncate -s "$size_bytes" "$img"
+    fi
+    log "$target: starting qemu-nbd $* (port $port)"
+    qemu-nbd -f raw "$@" -t -e 16 -x bench -b 127.0.0.1 -p "$port" \
+        --pid-file="$SCRATCH/$target.pid" --fork "$img"
+    qpid=$(cat "$SCRATCH/$target.pid")
+    pids_to_kill+=("$qpid")
+    wait_port "$port" || die "$target (qemu-nbd) not listening"
+    run_target "$target" "$qpid" --ioengine=nbd --uri="nbd://127.0.0.1:$port/bench"
+    kill "$qpid" 2>/dev/null || true
+}
+
+
 for target in $TARGETS; do
     case "$target" in
     trireme)
@@ -206,30 +228,13 @@ for target in $TARGETS; do
         kill "$tpid"; wait "$tpid" 2>/dev/null || true
         ;;
     qemu-nbd)
-        port=$(free_port)
-        img=$SCRATCH/qemu-nbd.raw
-        truncate -s "$size_bytes" "$img"
-        log "qemu-nbd: starting (port $port)"
-        qemu-nbd -f raw --cache=writeback --aio=threads -t -e 16 -x bench -b 127.0.0.1 -p "$port" \
-            --pid-file="$SCRATCH/qemu-nbd.pid" --fork "$img"
-        qpid=$(cat "$SCRATCH/qemu-nbd.pid")
-        pids_to_kill+=("$qpid")
-        wait_port "$port" || die "qemu-nbd not listening"
-        run_target qemu-nbd "$qpid" --ioengine=nbd --uri="nbd://127.0.0.1:$port/bench"
-        kill "$qpid" 2>/dev/null || true
+        # The baseline: a sparse image, written through the page cache.
+        run_qemu_nbd qemu-nbd sparse --cache=writeback --aio=threads
         ;;
     qemu-direct)
-        port=$(free_port)
-        img=$SCRATCH/qemu-direct.raw
-        fallocate -l "$size_bytes" "$img" 2>/dev/null || truncate -s "$size_bytes" "$img"
-        log "qemu-direct: starting qemu-nbd --cache=none --aio=native (port $port)"
-        qemu-nbd -f raw --cache=none --aio=native -t -e 16 -x bench -b 127.0.0.1 -p "$port" \
-            --pid-file="$SCRATCH/qemu-direct.pid" --fork "$img"
-        qpid=$(cat "$SCRATCH/qemu-direct.pid")
-        pids_to_kill+=("$qpid")
-        wait_port "$port" || die "qemu-nbd (direct) not listening"
-        run_target qemu-direct "$qpid" --ioengine=nbd --uri="nbd://127.0.0.1:$port/bench"
-        kill "$qpid" 2>/dev/null || true
+        # Context: the image allocated up front, as direct writes into holes
+        # would measure the file system's block allocation instead.
+        run_qemu_nbd qemu-direct allocated --cache=none --aio=native
         ;;
     raw)
         img=$SCRATCH/raw.img
