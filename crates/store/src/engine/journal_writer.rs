@@ -86,7 +86,7 @@ impl Engine {
     /// flush never pay for it.
     fn sync_eagerly<'a>(
         &'a self,
-        mut state: std::sync::MutexGuard<'a, super::State>,
+        state: std::sync::MutexGuard<'a, super::State>,
     ) -> std::sync::MutexGuard<'a, super::State> {
         let recent = state
             .last_flush_request
@@ -95,17 +95,7 @@ impl Engine {
         if !recent || !idle || state.flushing || state.durable_sequence >= state.written_sequence {
             return state;
         }
-        state.flushing = true;
-        let covered = state.written_sequence;
-        drop(state);
-        let result = self.file.sync_data();
-        let mut state = self.lock();
-        state.flushing = false;
-        match result {
-            Ok(()) => state.durable_sequence = state.durable_sequence.max(covered),
-            Err(error) => self.fail(&mut state, format!("device flush failed: {error}")),
-        }
-        state
+        self.sync_written(state)
     }
 }
 

@@ -424,11 +424,8 @@ impl Engine {
 
     /// Makes every write completed before this call durable.
     pub fn flush(&self) -> Result<(), TargetError> {
-        let target = {
-            let mut state = self.lock();
-            state.last_flush_request = Some(std::time::Instant::now());
-            state.next_sequence - 1
-        };
+        self.note_client_flush();
+        let target = self.lock().next_sequence - 1;
         self.flush_to(target)
     }
 
@@ -452,22 +449,33 @@ impl Engine {
                 state = self.wait(state);
                 continue;
             }
-            state.flushing = true;
-            let covered = state.written_sequence;
-            drop(state);
-            let result = self.file.sync_data();
-            state = self.lock();
-            state.flushing = false;
-            match result {
-                Ok(()) => state.durable_sequence = state.durable_sequence.max(covered),
-                Err(error) => {
-                    // After a failed fsync the kernel may have dropped dirty
-                    // pages: nothing unflushed can be trusted any more.
-                    self.fail(&mut state, format!("device flush failed: {error}"));
-                }
-            }
-            self.changed.notify_all();
+            state = self.sync_written(state);
         }
+    }
+
+    /// One device flush, covering every record written so far; the lock is
+    /// let go while it runs. The caller checked that no flush is running.
+    pub(super) fn sync_written<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+    ) -> MutexGuard<'a, State> {
+        debug_assert!(!state.flushing);
+        state.flushing = true;
+        let covered = state.written_sequence;
+        drop(state);
+        let result = self.file.sync_data();
+        let mut state = self.lock();
+        state.flushing = false;
+        match result {
+            Ok(()) => state.durable_sequence = state.durable_sequence.max(covered),
+            Err(error) => {
+                // After a failed fsync the kernel may have dropped dirty
+                // pages: nothing unflushed can be trusted any more.
+                self.fail(&mut state, format!("device flush failed: {error}"));
+            }
+        }
+        self.changed.notify_all();
+        state
     }
 }
 
