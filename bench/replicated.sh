@@ -23,6 +23,10 @@
 # raw3 (J1 only) is the device floor of a replicated J1 here: three fio jobs at
 # once, each a 4k write + fsync stream on its own file, as the three replicas
 # on this one disk each write and flush; its J1 cycle is per stream.
+# With J1 and sockperf installed, the run also measures one loopback hop
+# (sockperf ping-pong, one-way latency) and prints the floor of a replicated
+# J1 on this machine: raw3 + 4 hops (the write's way to a replica through
+# the primary, and the flush's answer back the same way).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -382,13 +386,42 @@ print("after the run: volume state %s, generation %s, primaries %s; replicas %s"
     esac
 done
 
+# hop_us: median one-way latency of a small message between two processes
+# over loopback TCP, as the NBD client, the primary and the replicas pass
+# them; empty without sockperf.
+hop_us=""
+if [[ " $JOBS " == *" J1 "* ]] && command -v sockperf >/dev/null; then
+    port=$(free_ports 1)
+    sockperf server -i 127.0.0.1 -p "$port" --tcp >"$SCRATCH/sockperf-server.log" 2>&1 &
+    spid=$!
+    pids_to_kill+=("$spid")
+    sleep 1
+    hops=()
+    for _ in $(seq 1 "$REPEAT"); do
+        h=$(sockperf ping-pong -i 127.0.0.1 -p "$port" --tcp -t 5 -m 64 2>&1 |
+            sed -n 's/.*percentile 50.000 = *\([0-9.]*\).*/\1/p')
+        [ -n "$h" ] && hops+=("$h")
+    done
+    kill "$spid" 2>/dev/null || true
+    if [ ${#hops[@]} -gt 0 ]; then
+        hop_us=$(printf '%s\n' "${hops[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+        log "loopback: one-way hop p50 ${hop_us} µs (sockperf ping-pong, median of ${#hops[@]})"
+    fi
+elif [[ " $JOBS " == *" J1 "* ]]; then
+    log "sockperf not installed: the J1 floor row is left out (apt-get install -y sockperf)"
+fi
+halt_poll=""
+[ -r /sys/module/haltpoll/parameters/guest_halt_poll_ns ] &&
+    halt_poll=$(cat /sys/module/haltpoll/parameters/guest_halt_poll_ns)
+
 log "writing the replicated section of $OUT"
 disk=$(df --output=source "$SCRATCH" | tail -1)
 diskinfo="$disk ($fstype), $(lsblk -dno SIZE,ROTA,MODEL "$disk" 2>/dev/null | awk '{printf "size %s, rotational=%s, model %s", $1, $2, ($3 == "" ? "n/a" : $3)}')"
 export B_LOAD="load average at start $load_start, at end $(cut -d' ' -f1-3 /proc/loadavg)"
 export B_DIRTY="$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
 export B_TARGETS="$TARGETS" B_JOBS="$JOBS" B_REPO="$repo" B_CMD="$envline $cmdline" B_DISK="$diskinfo" \
-    B_RUNTIME="$RUNTIME" B_REPEAT="$REPEAT" B_SIZE="$SIZE" B_TRIREME_INFO="$trireme_info"
+    B_RUNTIME="$RUNTIME" B_REPEAT="$REPEAT" B_SIZE="$SIZE" B_TRIREME_INFO="$trireme_info" \
+    B_HOP="$hop_us" B_HALT_POLL="$halt_poll"
 section=$SCRATCH/section.md
 python3 - "$results" "$section" <<'PY'
 import json, statistics, sys, datetime, platform, os, subprocess
@@ -452,6 +485,12 @@ L.append("- IOPS range = lowest–highest of the runs whose median the table sho
 L.append("- latency = completion latency (clat) in µs, the worse of read/write for mixed jobs; J1 cycle µs = 1e6 / IOPS (one 4k write plus its fsync/NBD FLUSH)")
 L.append("- server CPU % = usr+sys over the run, % of one core, for trireme the sum of the three node processes (n1 / n2 / n3 shown apart); "
          "server CPU µs per I/O = server CPU seconds × 1e6 / (IOPS × wall seconds of the fio run) — for trireme J2 the CPU cost of one replicated 4k write on all three nodes")
+if E.get("B_HOP"):
+    L.append(f"- loopback hop = {float(E['B_HOP']):.1f} µs: median one-way latency of a 64-byte message between two processes over loopback TCP "
+             f"(`sockperf ping-pong --tcp`, p50, median of {E['B_REPEAT']} runs of 5 s); every message of a replicated write and flush takes one")
+if E.get("B_HALT_POLL"):
+    L.append(f"- this is a KVM guest with guest halt polling at {E['B_HALT_POLL']} ns (`/sys/module/haltpoll/parameters/guest_halt_poll_ns`)"
+             + (": an idle CPU halts at once, so every wake-up of a waiting thread costs an exit to the host; it is most of the loopback hop" if E['B_HALT_POLL'] == "0" else ""))
 if E.get("B_TRIREME_INFO"):
     L.append(f"- trireme volume {E['B_TRIREME_INFO']}")
 L.append("")
@@ -480,6 +519,17 @@ if "trireme" in targets:
     if b3:
         d3 = a - b3 if a else None
         L.append(f"| (context, not the target) J1 cycle above the device floor of three replicas on one disk (raw3) | {f(a,'%.1f')} µs | {f(b3,'%.1f')} µs (raw3) | {f(d3,'%+.1f')} µs | - |")
+        hop = float(E["B_HOP"]) if E.get("B_HOP") else None
+        if hop is not None:
+            # The data reaches a replica through the primary (2 hops), the
+            # replica writes and flushes (raw3: three streams on one disk),
+            # and the news comes back the same way (2 hops). The write's own
+            # acknowledgement and the flush request are not even counted.
+            floor = b3 + 4 * hop
+            over = floor - (b + 100) if b else None
+            L.append(f"| (context, not the target) floor of any replicated J1 on this machine: raw3 + 4 loopback hops | {f(a,'%.1f')} µs | {f(floor,'%.1f')} µs (floor) | {f(a - floor if a else None,'%+.1f')} µs | - |")
+            if over is not None:
+                L.append(f"| (context) that floor against the target (raw + 100 µs = {b + 100:.1f} µs) | - | {f(floor,'%.1f')} µs | {over:+.1f} µs | {'the target is below the floor' if over > 0 else 'the target is above the floor'} |")
     a, b = m("trireme", "J3", "iops"), m("qemu-nbd", "J3", "iops")
     r = a / b if a and b else None
     L.append(f"| J3 4k randread QD32 IOPS ≥ 0.9 × qemu-nbd (local replica) | {f(a)} IOPS | {f(b)} IOPS (qemu-nbd) | {f(r,'%.3f')}× | {yes(None if r is None else r >= 0.9)} |")
