@@ -490,7 +490,7 @@ if E.get("B_HOP"):
              f"(`sockperf ping-pong --tcp`, p50, median of {E['B_REPEAT']} runs of 5 s); every message of a replicated write and flush takes one")
 if E.get("B_HALT_POLL"):
     L.append(f"- this is a KVM guest with guest halt polling at {E['B_HALT_POLL']} ns (`/sys/module/haltpoll/parameters/guest_halt_poll_ns`)"
-             + (": an idle CPU halts at once, so every wake-up of a waiting thread costs an exit to the host" if E['B_HALT_POLL'] == "0" else ""))
+             + (": an idle CPU halts at once, so waking a thread on an idle CPU goes through the host" if E['B_HALT_POLL'] == "0" else ""))
 if E.get("B_TRIREME_INFO"):
     L.append(f"- trireme volume {E['B_TRIREME_INFO']}")
 L.append("")
