@@ -527,7 +527,7 @@ if "trireme" in targets:
             # acknowledgement and the flush request are not even counted.
             floor = b3 + 4 * hop
             over = floor - (b + 100) if b else None
-            L.append(f"| (context, not the target) floor of any replicated J1 on this machine: raw3 + 4 loopback hops | {f(a,'%.1f')} µs | {f(floor,'%.1f')} µs (floor) | {f(a - floor if a else None,'%+.1f')} µs | - |")
+            L.append(f"| (context, not the target) floor of a replicated J1 on this machine, for threads that sleep while they wait: raw3 + 4 loopback hops | {f(a,'%.1f')} µs | {f(floor,'%.1f')} µs (floor) | {f(a - floor if a else None,'%+.1f')} µs | - |")
             if over is not None:
                 L.append(f"| (context) that floor against the target (raw + 100 µs = {b + 100:.1f} µs) | - | {f(floor,'%.1f')} µs | {over:+.1f} µs | {'the target is below the floor' if over > 0 else 'the target is above the floor'} |")
     a, b = m("trireme", "J3", "iops"), m("qemu-nbd", "J3", "iops")
