@@ -9,7 +9,7 @@
 
 use crate::regions::RegionSet;
 use std::sync::Arc;
-use trireme_types::{Generation, NodeId, SnapshotId};
+use trireme_types::{BlockBuf, Generation, NodeId, SnapshotId};
 
 /// The largest frame a peer accepts: a 32 MiB write plus headers. Larger
 /// requests are split by the export before they get here.
@@ -17,15 +17,26 @@ pub const MAX_FRAME_BYTES: usize = 33 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Payload {
-    Data(Arc<[u8]>),
+    /// Shared by the primary's links and its record of the write; in
+    /// page-aligned memory, so the store can hand it to the device as it is.
+    Data(Arc<BlockBuf>),
     /// Reads as zeros afterwards; `trim` lets the replica free the space.
-    Zeroes {
-        length: u64,
-        trim: bool,
-    },
+    Zeroes { length: u64, trim: bool },
 }
 
 impl Payload {
+    pub fn data(bytes: impl Into<BlockBuf>) -> Self {
+        Payload::Data(Arc::new(bytes.into()))
+    }
+
+    /// The bytes of a `Data` payload for the store, which keeps them: taken
+    /// as they are when no one else holds them (a replica's decoded
+    /// message), copied otherwise (the primary's own copy, while its
+    /// record of the write still holds them).
+    pub fn into_owned(data: Arc<BlockBuf>) -> BlockBuf {
+        Arc::try_unwrap(data).unwrap_or_else(|shared| BlockBuf::clone(&shared))
+    }
+
     pub fn length(&self) -> u64 {
         match self {
             Payload::Data(data) => data.len() as u64,
@@ -360,7 +371,7 @@ impl ToReplica {
                 let fua = r.bool()?;
                 let settled = r.u64()?;
                 let payload = match r.u8()? {
-                    0 => Payload::Data(Arc::from(r.bytes()?)),
+                    0 => Payload::data(r.bytes()?),
                     kind @ (1 | 2) => Payload::Zeroes {
                         length: r.u64()?,
                         trim: kind == 2,
@@ -516,6 +527,39 @@ mod tests {
         assert_eq!(ToReplica::decode(&out).unwrap(), message);
     }
 
+    /// A replica's store keeps a decoded write's own buffer (page-aligned,
+    /// no copy); the primary's, still shared with its record of the
+    /// write, is copied.
+    #[test]
+    fn decoded_write_data_goes_to_the_store_without_a_copy() {
+        let mut out = Vec::new();
+        ToReplica::Write {
+            seq: 1,
+            offset: 0,
+            payload: Payload::data(vec![3u8; 8192]),
+            fua: false,
+            settled: 0,
+        }
+        .encode(&mut out);
+        let ToReplica::Write {
+            payload: Payload::Data(data),
+            ..
+        } = ToReplica::decode(&out).unwrap()
+        else {
+            panic!("a write with data")
+        };
+        let decoded_at = data.as_ptr();
+        assert_eq!(decoded_at as usize % BlockBuf::ALIGN, 0);
+        let owned = Payload::into_owned(data);
+        assert_eq!(owned.as_ptr(), decoded_at, "taken, not copied");
+
+        let shared = Arc::new(owned);
+        let kept = shared.clone();
+        let copy = Payload::into_owned(shared);
+        assert_ne!(copy.as_ptr(), kept.as_ptr(), "copied while shared");
+        assert_eq!(copy, *kept);
+    }
+
     fn round_trip_from(message: FromReplica) {
         let mut out = Vec::new();
         message.encode(&mut out);
@@ -531,7 +575,7 @@ mod tests {
         round_trip_to(ToReplica::Write {
             seq: 9,
             offset: 4096,
-            payload: Payload::Data(Arc::from(vec![7u8; 4096])),
+            payload: Payload::data(vec![7u8; 4096]),
             fua: true,
             settled: 3,
         });

@@ -2,7 +2,6 @@
 //! paths. The simulator (trireme-sim) covers faults.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
 use trireme_replication::*;
 use trireme_types::{Generation, NodeId};
 
@@ -197,7 +196,7 @@ impl World {
     }
 
     fn write(&mut self, op: OpId, offset: u64, byte: u8) {
-        let payload = Payload::Data(Arc::from(vec![byte; 4096]));
+        let payload = Payload::data(vec![byte; 4096]);
         self.primary.client(
             op,
             ClientRequest::Write {

@@ -7,7 +7,6 @@
 //! back, and a control plane whose answers each test scripts.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
 use trireme_replication::*;
 use trireme_types::{Generation, NodeId};
 
@@ -441,7 +440,7 @@ impl World {
     }
 
     fn write(&mut self, op: OpId, offset: u64, byte: u8, fua: bool) {
-        let payload = Payload::Data(Arc::from(vec![byte; 4096]));
+        let payload = Payload::data(vec![byte; 4096]);
         self.engine.client(
             op,
             ClientRequest::Write {

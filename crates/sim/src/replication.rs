@@ -115,7 +115,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -1855,7 +1854,7 @@ impl Sim {
                 trim: self.rng.gen_bool(0.5),
             }
         } else {
-            Payload::Data(Arc::from(data_of(&tags)))
+            Payload::data(data_of(&tags))
         };
         if let Payload::Data(data) = &payload {
             self.payloads.insert(data.as_ptr() as usize, id);

@@ -143,7 +143,7 @@ impl LocalLink {
                 {
                     return Ok((Some(refusal), true));
                 }
-                match volume.try_write(offset, trireme_types::BlockBuf::from(&data[..])) {
+                match volume.try_write(offset, Payload::into_owned(data.clone())) {
                     Attempt::Done(result) => Ok((
                         Some(FromReplica::Ack {
                             seq,

@@ -341,9 +341,7 @@ pub(super) fn execute(volume: &Volume, message: ToReplica) -> FromReplica {
             ..
         } => {
             let result = match payload {
-                Payload::Data(data) => {
-                    volume.write(offset, trireme_types::BlockBuf::from(&data[..]), fua)
-                }
+                Payload::Data(data) => volume.write(offset, Payload::into_owned(data), fua),
                 Payload::Zeroes { length, trim: true } => volume.trim(offset, length, fua),
                 Payload::Zeroes {
                     length,

@@ -102,7 +102,7 @@ impl BlockTarget for ReplicatedVolume {
     }
 
     fn write(&self, offset: u64, data: BlockBuf, fua: bool) -> Result<(), TargetError> {
-        self.write_payload(offset, Payload::Data(Arc::from(&data[..])), fua)
+        self.write_payload(offset, Payload::data(data), fua)
     }
 
     fn flush(&self) -> Result<(), TargetError> {
@@ -158,7 +158,7 @@ impl BlockTarget for ReplicatedVolume {
             }
             TargetRequest::Write { offset, data, fua } => ClientRequest::Write {
                 offset,
-                payload: Payload::Data(Arc::from(&data[..])),
+                payload: Payload::data(data),
                 fua,
             },
             TargetRequest::Flush => ClientRequest::Flush,

@@ -237,7 +237,7 @@ impl Primary {
             return;
         }
         let payload = match data {
-            ReadData::Data(bytes) => Payload::Data(Arc::from(bytes)),
+            ReadData::Data(bytes) => Payload::data(bytes),
             ReadData::Zeroes => Payload::Zeroes {
                 length,
                 trim: false,

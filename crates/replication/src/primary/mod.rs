@@ -46,7 +46,6 @@
 use crate::message::{FromReplica, Payload, ReadData, ReplicaError, ToReplica};
 use crate::regions::{region_range, regions_of, RegionSet, REGION_BYTES};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
 use trireme_types::{Generation, NodeId, SnapshotId};
 
 /// Client writes and flushes being replicated at once; more wait in the

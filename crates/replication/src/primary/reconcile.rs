@@ -134,7 +134,7 @@ impl Primary {
         source: NodeId,
     ) {
         let payload = match data {
-            ReadData::Data(bytes) => Payload::Data(Arc::from(bytes)),
+            ReadData::Data(bytes) => Payload::data(bytes),
             ReadData::Zeroes => Payload::Zeroes {
                 length,
                 trim: false,

@@ -163,7 +163,7 @@ impl Primary {
         }
         let member = self.members.get_mut(&target).expect("listed");
         let payload = match data {
-            ReadData::Data(bytes) => Payload::Data(Arc::from(bytes)),
+            ReadData::Data(bytes) => Payload::data(bytes),
             ReadData::Zeroes => Payload::Zeroes { length, trim: true },
         };
         let seq = self.next_seq;

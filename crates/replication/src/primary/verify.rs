@@ -386,7 +386,7 @@ impl Primary {
         let (offset, _) = region_range(read.region, self.size_bytes);
         let block_offset = offset + read.block * BLOCK_BYTES;
         let payload = match data {
-            ReadData::Data(bytes) => Payload::Data(Arc::from(bytes)),
+            ReadData::Data(bytes) => Payload::data(bytes),
             ReadData::Zeroes => Payload::Zeroes {
                 length: BLOCK_BYTES,
                 trim: false,
