@@ -200,7 +200,6 @@ run_qemu_nbd() {
     kill "$qpid" 2>/dev/null || true
 }
 
-
 for target in $TARGETS; do
     case "$target" in
     trireme)
