@@ -79,11 +79,40 @@ pub fn ready_ports(line: &str) -> Option<(u16, u16)> {
 
 /// A port that was free a moment ago.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    stable_port("127.0.0.1")
+}
+
+/// A port free on `ip` now, for a listener that must get it back after a
+/// restart (a node keeps its API and NBD ports: the cluster knows it by its
+/// API address). It lies below the kernel's ephemeral range, where no
+/// outgoing connection and no `bind(0)` can take it while the node is
+/// down; this process hands each port out once, counting from a start
+/// that differs between test processes.
+pub fn stable_port(ip: &str) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::OnceLock;
+    const LOWEST: u32 = 10_000;
+    static RANGE: OnceLock<(u32, u32)> = OnceLock::new();
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (first, end) = *RANGE.get_or_init(|| {
+        let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+            .unwrap_or(32_768);
+        assert!(
+            ephemeral_start > LOWEST + 1_000,
+            "the ephemeral port range starts at {ephemeral_start}: no room below it for test ports"
+        );
+        NEXT.store(std::process::id().wrapping_mul(7_919), Ordering::Relaxed);
+        (LOWEST, ephemeral_start)
+    });
+    for _ in 0..(end - first) {
+        let port = first + NEXT.fetch_add(1, Ordering::Relaxed) % (end - first);
+        if TcpListener::bind((ip, port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
+    panic!("no free port on {ip} between {first} and {end}");
 }
 
 /// A temporary directory removed on drop (on the same disk as the target dir,
@@ -468,10 +497,18 @@ impl TestNode {
     /// Start a node as `spec` says, on a fresh data dir.
     pub fn start_with(spec: NodeSpec) -> TestNode {
         let dir = TempDir::new("node");
+        // Inside a network namespace the node has the namespace's ports to
+        // itself: there the kernel picks them (port 0; the ready line names
+        // them).
+        let port = |spec: &NodeSpec| match (&spec.netns, &spec.ip) {
+            (Some(_), _) => 0,
+            (None, ip) => stable_port(ip.as_deref().unwrap_or("127.0.0.1")),
+        };
+        let (nbd_port, api_port) = (port(&spec), port(&spec));
         let mut n = TestNode {
             dir,
-            nbd_port: 0,
-            api_port: 0,
+            nbd_port,
+            api_port,
             spec,
             child: None,
             starts: 0,
@@ -513,8 +550,6 @@ impl TestNode {
     fn launch(&mut self) {
         assert!(self.child.is_none());
         self.starts += 1;
-        // Port 0: the kernel picks free ports and the ready line names them,
-        // so no other test can take a port between choosing and binding it.
         let data = self.data_dir();
         std::fs::create_dir_all(&data).unwrap();
         // Append mode for both writers (the node's stderr, and the thread
