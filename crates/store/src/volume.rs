@@ -30,6 +30,20 @@ impl Volume {
     pub fn snapshot(&self, id: SnapshotId) -> Result<(), StoreError> {
         self.engine.take_snapshot(self.id, &self.name, id)
     }
+
+    /// A plain write that this thread puts in the journal itself when the
+    /// pool's journal writer is idle, saving a thread hand-off: for callers
+    /// that go on to [`Volume::sync_ahead`] or wait for a flush.
+    pub fn write_now(&self, offset: u64, data: BlockBuf) -> Result<(), TargetError> {
+        self.engine.write_now(self.id, offset, data)
+    }
+
+    /// While clients flush often, makes what is written durable now, on
+    /// this thread, so that the flush that follows finds it done. Does
+    /// nothing otherwise.
+    pub fn sync_ahead(&self) {
+        self.engine.sync_ahead()
+    }
 }
 
 /// A snapshot, read-only. Reads cost one in-memory lookup per newer

@@ -10,8 +10,9 @@ use std::io::IoSlice;
 use std::sync::Arc;
 
 /// The journal writer thread: writes admitted records in order, as many
-/// per `pwritev` as are waiting, so one system call serves many requests and
-/// only one thread ever takes the file's write lock for the journal.
+/// per `pwritev` as are waiting, so one system call serves many requests.
+/// One thread at a time holds the writing role (`State::writing`): this
+/// one, or a caller of [`Engine::write_now`] that found it idle.
 pub fn run_journal_writer(engine: Arc<Engine>) {
     // The helpers that write shares of a large batch's fresh chunks beside
     // this thread (they end, and are joined, when this thread returns).
@@ -25,8 +26,8 @@ pub fn run_journal_writer(engine: Arc<Engine>) {
             return;
         }
         let unwritten = state.next_sequence - 1 - state.written_sequence;
-        if unwritten == 0 {
-            if state.shutting_down {
+        if unwritten == 0 || state.writing {
+            if unwritten == 0 && state.shutting_down && !state.writing {
                 return;
             }
             state.journal_idle = true;
@@ -49,9 +50,11 @@ pub fn run_journal_writer(engine: Arc<Engine>) {
                 break;
             }
         }
+        state.writing = true;
         drop(state);
         let result = engine.write_batch(&batch, helper.as_ref());
         state = engine.lock();
+        state.writing = false;
         match result {
             Ok(()) => {
                 let last = batch.last().expect("a batch has a record");
@@ -84,7 +87,7 @@ impl Engine {
     /// arrives, overlaps it with the write's reply and the flush request's
     /// trip (and, on a replica, with the primary's). Writers that do not
     /// flush never pay for it.
-    fn sync_eagerly<'a>(
+    pub(super) fn sync_eagerly<'a>(
         &'a self,
         state: std::sync::MutexGuard<'a, super::State>,
     ) -> std::sync::MutexGuard<'a, super::State> {
@@ -105,6 +108,12 @@ const JOURNAL_BATCH_MAX_BYTES: u64 = 8 << 20;
 const IOV_MAX: usize = 1024;
 
 impl Engine {
+    /// Writes consecutive records without the helpers, for a caller that
+    /// holds the writing role (see `write_now`).
+    pub(super) fn write_records(&self, batch: &[Arc<Record>]) -> std::io::Result<()> {
+        self.write_batch(batch, None)
+    }
+
     /// Writes consecutive records (headers and data) with one system call,
     /// after writing the data of redirects to their fresh chunks. Replay
     /// checks that data against the record's crcs, as the kernel may write

@@ -151,6 +151,10 @@ pub struct State {
     pub last_flush_request: Option<std::time::Instant>,
     /// The journal writer waits for records (and must be woken).
     pub journal_idle: bool,
+    /// A thread is writing records to the journal: the journal writer, or
+    /// a caller of `write_now` that found it idle. Only one at a time, so
+    /// records reach the file in sequence order.
+    pub writing: bool,
     /// Records after `applied_sequence`, in sequence order.
     pub unapplied: VecDeque<Arc<Record>>,
     pub unapplied_bytes: u64,
@@ -207,6 +211,7 @@ impl State {
             flushing: false,
             last_flush_request: None,
             journal_idle: false,
+            writing: false,
             unapplied: VecDeque::new(),
             unapplied_bytes: 0,
             volumes: BTreeMap::new(),
@@ -403,3 +408,6 @@ impl Engine {
         self.layout.journal_offset + position % self.layout.journal_bytes
     }
 }
+
+#[cfg(test)]
+mod write_now_tests;

@@ -17,8 +17,27 @@ use trireme_types::{Attempt, BlockBuf, TargetError, VolumeId};
 /// What admission did with a record.
 enum Admission {
     Admitted(u64),
+    /// Admitted, and the caller holds the writing role: it writes the
+    /// record to the journal itself (see [`Engine::write_now`]).
+    AdmittedToWrite(Arc<Record>),
     WouldWait(RecordBody),
 }
+
+/// What admission does with a record that must wait for room, and who
+/// writes it to the journal.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Admit {
+    /// Hand it back.
+    NoWait,
+    /// Wait; the journal writer writes it.
+    Wait,
+    /// Wait; the caller writes it if the journal writer is idle.
+    WaitWriteNow,
+}
+
+/// Records up to this size are worth writing on the caller's thread: the
+/// hand-off to the journal writer costs more than the write.
+pub const WRITE_NOW_MAX_BYTES: u64 = 32 << 10;
 
 impl Engine {
     pub fn write(
@@ -207,8 +226,15 @@ impl Engine {
             block_crcs,
             fresh_chunks: Vec::new(),
         };
-        match self.append(volume, offset / BLOCK_BYTES, block_count, body, false) {
+        match self.append(
+            volume,
+            offset / BLOCK_BYTES,
+            block_count,
+            body,
+            Admit::NoWait,
+        ) {
             Ok(Admission::Admitted(_)) => Attempt::Done(Ok(())),
+            Ok(Admission::AdmittedToWrite(_)) => unreachable!("only asked for by write_now"),
             Ok(Admission::WouldWait(RecordBody::Write { data, .. })) => Attempt::WouldBlock(data),
             Ok(Admission::WouldWait(_)) => unreachable!("a write record comes back as one"),
             Err(error) => Attempt::Done(Err(error)),
@@ -239,10 +265,78 @@ impl Engine {
         block_count: u64,
         body: RecordBody,
     ) -> Result<u64, TargetError> {
-        match self.append(volume, first_block, block_count, body, true)? {
+        match self.append(volume, first_block, block_count, body, Admit::Wait)? {
             Admission::Admitted(sequence) => Ok(sequence),
+            Admission::AdmittedToWrite(_) => unreachable!("only asked for by write_now"),
             Admission::WouldWait(_) => unreachable!("blocking admission waits"),
         }
+    }
+
+    /// A plain write (no FUA) that the caller's thread puts in the journal
+    /// itself when the journal writer is idle, instead of waking it: a
+    /// thread hand-off fewer before the record can be flushed. For callers
+    /// about to wait for the device anyway (a replica's link, whose next
+    /// message is often the flush; see [`Engine::sync_ahead`]). Returns
+    /// once the record is admitted, and written if this thread wrote it.
+    pub fn write_now(
+        &self,
+        volume: VolumeId,
+        offset: u64,
+        data: BlockBuf,
+    ) -> Result<(), TargetError> {
+        let aligned =
+            offset.is_multiple_of(BLOCK_BYTES) && (data.len() as u64).is_multiple_of(BLOCK_BYTES);
+        if data.is_empty() || !aligned || data.len() as u64 > WRITE_NOW_MAX_BYTES {
+            return self.write(volume, offset, data, false);
+        }
+        let block_count = data.len() as u64 / BLOCK_BYTES;
+        let block_crcs = block_crcs(&data);
+        let body = RecordBody::Write {
+            data,
+            block_crcs,
+            fresh_chunks: Vec::new(),
+        };
+        match self.append(
+            volume,
+            offset / BLOCK_BYTES,
+            block_count,
+            body,
+            Admit::WaitWriteNow,
+        )? {
+            Admission::Admitted(_) => Ok(()),
+            Admission::AdmittedToWrite(record) => self.write_holding_role(record),
+            Admission::WouldWait(_) => unreachable!("blocking admission waits"),
+        }
+    }
+
+    /// Writes `record`, the only unwritten one, while this thread holds the
+    /// writing role, then gives the role back (to the journal writer, if
+    /// records were admitted meanwhile).
+    fn write_holding_role(&self, record: Arc<Record>) -> Result<(), TargetError> {
+        let result = self.write_records(std::slice::from_ref(&record));
+        let mut state = self.lock();
+        state.writing = false;
+        let outcome = match result {
+            Ok(()) => {
+                assert_eq!(record.sequence, state.written_sequence + 1);
+                state.written_sequence = record.sequence;
+                Ok(())
+            }
+            Err(error) => {
+                // As in the journal writer: a hole would cut off every
+                // later record.
+                let offset = self.journal_physical(record.position);
+                let reason = format!("journal write at byte {offset} failed: {error}");
+                self.fail(&mut state, reason.clone());
+                Err(TargetError::Io(reason))
+            }
+        };
+        state.validate(self.layout.journal_bytes);
+        self.changed.notify_all();
+        if state.next_sequence - 1 > state.written_sequence || state.shutting_down {
+            self.journal_wake.notify_one();
+        }
+        outcome
     }
 
     pub fn check_range(
@@ -273,7 +367,7 @@ impl Engine {
         first_block: u64,
         block_count: u64,
         mut body: RecordBody,
-        blocking: bool,
+        admit: Admit,
     ) -> Result<Admission, TargetError> {
         let data_bytes = match &body {
             RecordBody::Write { data, .. } => data.len() as u64,
@@ -323,7 +417,7 @@ impl Engine {
             let memory_full = state.unapplied_bytes > 0
                 && state.unapplied_bytes + data_bytes > super::UNAPPLIED_BYTES_MAX;
             if journal_full || memory_full {
-                if !blocking {
+                if admit == Admit::NoWait {
                     self.wake_applier(&mut state);
                     return Ok(Admission::WouldWait(body));
                 }
@@ -341,7 +435,7 @@ impl Engine {
                 if !state.unapplied.is_empty() || !state.deferred_frees.is_empty() {
                     // Pending trims may free chunks, and pending writes may
                     // hold reservations they turn out not to need.
-                    if !blocking {
+                    if admit == Admit::NoWait {
                         self.wake_applier(&mut state);
                         return Ok(Admission::WouldWait(body));
                     }
@@ -411,6 +505,18 @@ impl Engine {
         if state.unapplied_bytes >= super::apply::APPLY_BATCH_MIN_BYTES {
             self.applier_wake.notify_all();
         }
+        // The caller may write the record itself only if it is the one
+        // record to write next, and redirects (whole chunks) are left to
+        // the journal writer, which splits them among its helpers.
+        let write_now = admit == Admit::WaitWriteNow
+            && state.journal_idle
+            && !state.writing
+            && !redirect
+            && state.written_sequence + 1 == sequence;
+        if write_now {
+            state.writing = true;
+            return Ok(Admission::AdmittedToWrite(record));
+        }
         if state.journal_idle {
             self.journal_wake.notify_one();
         }
@@ -427,6 +533,16 @@ impl Engine {
         self.note_client_flush();
         let target = self.lock().next_sequence - 1;
         self.flush_to(target)
+    }
+
+    /// Flushes, on the caller's thread, the records written and not yet
+    /// durable, if clients flush often (see `sync_eagerly`) and no flush is
+    /// running. A caller with nothing else to do (a replica's link with no
+    /// message waiting) then finds the flush that follows already done,
+    /// and nobody had to be woken to tell it.
+    pub fn sync_ahead(&self) {
+        let state = self.lock();
+        drop(self.sync_eagerly(state));
     }
 
     /// A client asked for durability (FLUSH or FUA): see `sync_eagerly`.

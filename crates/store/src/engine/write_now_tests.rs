@@ -1,0 +1,183 @@
+//! `write_now` and `sync_ahead`: the caller's thread writes and flushes the
+//! journal itself, and nothing else about the journal changes.
+
+use crate::{Pool, PoolConfig, Volume};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use trireme_types::{BlockTarget, DeviceClass, PoolId, PoolName, VolumeName};
+
+const MIB: u64 = 1 << 20;
+
+fn pool(dir: &std::path::Path) -> Arc<Pool> {
+    Pool::create(PoolConfig {
+        name: PoolName::new("test").unwrap(),
+        id: PoolId(1),
+        class: DeviceClass::Ssd,
+        device_path: dir.join("pool.img"),
+        metadata_path: dir.join("meta/metadata.redb"),
+        size_bytes: Some(64 * MIB),
+        preallocate: false,
+    })
+    .unwrap()
+}
+
+fn volume(pool: &Pool) -> Arc<Volume> {
+    let name = VolumeName::new("v").unwrap();
+    pool.create_volume(&name, 16 * MIB).unwrap();
+    pool.open_volume(&name).unwrap()
+}
+
+fn block(seed: u8) -> trireme_types::BlockBuf {
+    vec![seed; 4096].into()
+}
+
+/// Waits until the journal writer has written everything and sleeps.
+fn until_journal_idle(volume: &Volume) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        {
+            let state = volume.engine.lock();
+            if state.journal_idle && state.written_sequence + 1 == state.next_sequence {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "the journal writer never idled");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn write_now_writes_on_the_callers_thread_when_the_journal_writer_is_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(dir.path());
+    let volume = volume(&pool);
+    for round in 0..20u8 {
+        until_journal_idle(&volume);
+        volume
+            .write_now(u64::from(round) * 4096, block(round))
+            .unwrap();
+        // Written by the time it returns: nobody else could have been
+        // woken and done it in between.
+        let state = volume.engine.lock();
+        assert_eq!(state.written_sequence + 1, state.next_sequence);
+        assert!(!state.writing, "the role is given back");
+    }
+    for round in 0..20u8 {
+        let mut back = vec![0u8; 4096];
+        volume.read(u64::from(round) * 4096, &mut back).unwrap();
+        assert!(back.iter().all(|byte| *byte == round), "block {round}");
+    }
+}
+
+#[test]
+fn write_now_hands_large_or_unaligned_writes_to_the_usual_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(dir.path());
+    let volume = volume(&pool);
+    volume.write_now(512, vec![7u8; 100].into()).unwrap();
+    volume
+        .write_now(MIB, vec![9u8; MIB as usize].into())
+        .unwrap();
+    volume.flush().unwrap();
+    let mut back = vec![0u8; 4096];
+    volume.read(0, &mut back).unwrap();
+    assert!(back[512..612].iter().all(|byte| *byte == 7));
+    assert!(back[..512]
+        .iter()
+        .chain(&back[612..])
+        .all(|byte| *byte == 0));
+    let mut back = vec![0u8; MIB as usize];
+    volume.read(MIB, &mut back).unwrap();
+    assert!(back.iter().all(|byte| *byte == 9));
+}
+
+#[test]
+fn sync_ahead_flushes_only_while_clients_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(dir.path());
+    let volume = volume(&pool);
+    // The applier's checkpoints flush too: keep it out.
+    pool.pause_applier(true);
+    until_journal_idle(&volume);
+    volume.write_now(0, block(1)).unwrap();
+    volume.sync_ahead();
+    {
+        let state = volume.engine.lock();
+        assert!(
+            state.durable_sequence < state.written_sequence,
+            "no client flushed: nothing is flushed ahead"
+        );
+    }
+    volume.flush().unwrap();
+    until_journal_idle(&volume);
+    volume.write_now(4096, block(2)).unwrap();
+    volume.sync_ahead();
+    let state = volume.engine.lock();
+    assert_eq!(state.durable_sequence, state.written_sequence);
+    assert_eq!(state.written_sequence + 1, state.next_sequence);
+}
+
+/// Threads taking the writing role race the journal writer and each
+/// other; records must still reach the file in order, and a crash copy
+/// must replay exactly what was flushed.
+#[test]
+fn concurrent_writers_keep_the_journal_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(dir.path());
+    let volume = volume(&pool);
+    let threads: Vec<_> = (0..4u64)
+        .map(|thread| {
+            let volume = volume.clone();
+            std::thread::spawn(move || {
+                for round in 0..300u64 {
+                    let block_index = thread * 1000 + round % 50;
+                    let seed = (thread * 7 + round) as u8;
+                    if round % 3 == 0 {
+                        volume
+                            .write(block_index * 4096, block(seed), false)
+                            .unwrap();
+                    } else {
+                        volume.write_now(block_index * 4096, block(seed)).unwrap();
+                    }
+                    if round % 5 == 0 {
+                        volume.flush().unwrap();
+                    }
+                    volume.sync_ahead();
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    volume.flush().unwrap();
+    let mut expected = vec![0u8; 4 * 1000 * 4096];
+    volume.read(0, &mut expected).unwrap();
+    for thread in 0..4u64 {
+        for round in 250..300u64 {
+            let at = ((thread * 1000 + round % 50) * 4096) as usize;
+            assert_eq!(expected[at], (thread * 7 + round) as u8);
+        }
+    }
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(copy.path().join("meta")).unwrap();
+    pool.while_quiesced(|| {
+        std::fs::copy(
+            dir.path().join("meta/metadata.redb"),
+            copy.path().join("meta/metadata.redb"),
+        )
+        .unwrap();
+        std::fs::copy(dir.path().join("pool.img"), copy.path().join("pool.img")).unwrap();
+    });
+    let crashed = Pool::open(
+        &copy.path().join("pool.img"),
+        &copy.path().join("meta/metadata.redb"),
+    )
+    .unwrap();
+    let recovered = crashed.open_volume(&VolumeName::new("v").unwrap()).unwrap();
+    let mut back = vec![0u8; expected.len()];
+    recovered.read(0, &mut back).unwrap();
+    assert!(back == expected, "the crash copy replays what was flushed");
+    assert!(crashed.scan().unwrap().is_clean());
+    assert!(pool.scan().unwrap().is_clean());
+}
