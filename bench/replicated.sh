@@ -26,7 +26,9 @@
 # With J1 and sockperf installed, the run also measures one loopback hop
 # (sockperf ping-pong, one-way latency) and prints the floor of a replicated
 # J1 on this machine: raw3 + 4 hops (the write's way to a replica through
-# the primary, and the flush's answer back the same way).
+# the primary, and the flush's answer back the same way). Another context row
+# sets qemu-nbd's J1 cycle (one unreplicated copy, the same NBD client) against
+# the target: what the NBD round trips alone cost here.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -530,6 +532,12 @@ if "trireme" in targets:
             L.append(f"| (context, not the target) floor of a replicated J1 on this machine, for threads that sleep while they wait: raw3 + 4 loopback hops | {f(a,'%.1f')} µs | {f(floor,'%.1f')} µs (floor) | {f(a - floor if a else None,'%+.1f')} µs | - |")
             if over is not None:
                 L.append(f"| (context) that floor against the target (raw + 100 µs = {b + 100:.1f} µs) | - | {f(floor,'%.1f')} µs | {over:+.1f} µs | {'the target is below the floor' if over > 0 else 'the target is above the floor'} |")
+    q1 = cycle("qemu-nbd")
+    if q1 and b:
+        # One copy, no replication, the same NBD client: what the NBD
+        # round trips alone cost on this machine.
+        over = q1 - (b + 100)
+        L.append(f"| (context, not the target) qemu-nbd's J1 cycle (one unreplicated copy over NBD) against the target (raw + 100 µs = {b + 100:.1f} µs) | {f(a,'%.1f')} µs ({f(a / q1 if a else None,'%.2f')}× qemu-nbd) | {q1:.1f} µs (qemu-nbd) | {over:+.1f} µs | {'qemu-nbd misses it too' if over > 0 else 'qemu-nbd meets it'} |")
     a, b = m("trireme", "J3", "iops"), m("qemu-nbd", "J3", "iops")
     r = a / b if a and b else None
     L.append(f"| J3 4k randread QD32 IOPS ≥ 0.9 × qemu-nbd (local replica) | {f(a)} IOPS | {f(b)} IOPS (qemu-nbd) | {f(r,'%.3f')}× | {yes(None if r is None else r >= 0.9)} |")
