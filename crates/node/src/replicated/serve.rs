@@ -6,6 +6,11 @@
 //! a FLUSH covers every write received before it on that link, and a
 //! resync write lands after the application writes sent before it. Replies
 //! are batched: the socket is flushed when no more requests are buffered.
+//! The link thread puts small writes in the journal itself when the pool's
+//! journal writer is idle, and, while the primary flushes often, runs the
+//! device flush before it waits for the next message, so the flush that
+//! follows is answered at once: no other thread is woken on the way of a
+//! synchronous write (`Volume::write_now`, `Volume::sync_ahead`).
 
 use std::collections::BTreeMap;
 use std::io::{BufReader, BufWriter, Read, Write};
