@@ -51,9 +51,7 @@ impl Engine {
             return if fua { self.flush() } else { Ok(()) };
         }
         self.check_range(volume, offset, data.len() as u64)?;
-        let aligned =
-            offset.is_multiple_of(BLOCK_BYTES) && (data.len() as u64).is_multiple_of(BLOCK_BYTES);
-        let last_sequence = if aligned {
+        let last_sequence = if whole_blocks(offset, &data) {
             self.write_blocks(volume, offset / BLOCK_BYTES, data)?
         } else {
             let _partial = self
@@ -212,27 +210,12 @@ impl Engine {
         if data.is_empty() {
             return Attempt::Done(Ok(()));
         }
-        let aligned =
-            offset.is_multiple_of(BLOCK_BYTES) && (data.len() as u64).is_multiple_of(BLOCK_BYTES);
-        if !aligned || data.len() as u64 > RECORD_MAX_DATA_BYTES {
+        if !whole_blocks(offset, &data) || data.len() as u64 > RECORD_MAX_DATA_BYTES {
             return Attempt::WouldBlock(data);
         }
         // Admission checks the range and the volume, under the one lock the
         // write takes.
-        let block_count = data.len() as u64 / BLOCK_BYTES;
-        let block_crcs = block_crcs(&data);
-        let body = RecordBody::Write {
-            data,
-            block_crcs,
-            fresh_chunks: Vec::new(),
-        };
-        match self.append(
-            volume,
-            offset / BLOCK_BYTES,
-            block_count,
-            body,
-            Admit::NoWait,
-        ) {
+        match self.admit_blocks(volume, offset, data, Admit::NoWait) {
             Ok(Admission::Admitted(_)) => Attempt::Done(Ok(())),
             Ok(Admission::AdmittedToWrite(_)) => unreachable!("only asked for by write_now"),
             Ok(Admission::WouldWait(RecordBody::Write { data, .. })) => Attempt::WouldBlock(data),
@@ -284,11 +267,27 @@ impl Engine {
         offset: u64,
         data: BlockBuf,
     ) -> Result<(), TargetError> {
-        let aligned =
-            offset.is_multiple_of(BLOCK_BYTES) && (data.len() as u64).is_multiple_of(BLOCK_BYTES);
-        if data.is_empty() || !aligned || data.len() as u64 > WRITE_NOW_MAX_BYTES {
+        if data.is_empty()
+            || !whole_blocks(offset, &data)
+            || data.len() as u64 > WRITE_NOW_MAX_BYTES
+        {
             return self.write(volume, offset, data, false);
         }
+        match self.admit_blocks(volume, offset, data, Admit::WaitWriteNow)? {
+            Admission::Admitted(_) => Ok(()),
+            Admission::AdmittedToWrite(record) => self.write_holding_role(record),
+            Admission::WouldWait(_) => unreachable!("blocking admission waits"),
+        }
+    }
+
+    /// Admits whole blocks at a block-aligned `offset` as one write record.
+    fn admit_blocks(
+        &self,
+        volume: VolumeId,
+        offset: u64,
+        data: BlockBuf,
+        admit: Admit,
+    ) -> Result<Admission, TargetError> {
         let block_count = data.len() as u64 / BLOCK_BYTES;
         let block_crcs = block_crcs(&data);
         let body = RecordBody::Write {
@@ -296,17 +295,7 @@ impl Engine {
             block_crcs,
             fresh_chunks: Vec::new(),
         };
-        match self.append(
-            volume,
-            offset / BLOCK_BYTES,
-            block_count,
-            body,
-            Admit::WaitWriteNow,
-        )? {
-            Admission::Admitted(_) => Ok(()),
-            Admission::AdmittedToWrite(record) => self.write_holding_role(record),
-            Admission::WouldWait(_) => unreachable!("blocking admission waits"),
-        }
+        self.append(volume, offset / BLOCK_BYTES, block_count, body, admit)
     }
 
     /// Writes `record`, the only unwritten one, while this thread holds the
@@ -593,6 +582,11 @@ impl Engine {
         self.changed.notify_all();
         state
     }
+}
+
+/// True if `data` at `offset` covers whole blocks only.
+fn whole_blocks(offset: u64, data: &[u8]) -> bool {
+    offset.is_multiple_of(BLOCK_BYTES) && (data.len() as u64).is_multiple_of(BLOCK_BYTES)
 }
 
 /// Chunks a write may have to allocate when it is applied: those not mapped
