@@ -35,8 +35,10 @@ enum Admit {
     WaitWriteNow,
 }
 
-/// Records up to this size are worth writing on the caller's thread: the
-/// hand-off to the journal writer costs more than the write.
+/// Records up to this size are written on the caller's thread: small
+/// writes, where the hand-off to the journal writer is the larger cost.
+/// Larger ones keep the journal writer's batching (the bound is a choice,
+/// not a measured crossover).
 pub const WRITE_NOW_MAX_BYTES: u64 = 32 << 10;
 
 impl Engine {
