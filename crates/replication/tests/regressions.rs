@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use trireme_replication::*;
-use trireme_types::{Generation, NodeId};
+use trireme_types::{Generation, NodeId, SnapshotId};
 
 const SIZE: u64 = 4 << 20;
 
@@ -87,6 +87,8 @@ struct World {
     hold_persists: bool,
     held_persists: Vec<u64>,
     sent: Vec<(NodeId, ToReplica)>,
+    /// Snapshot barriers that ended: the replicas that took them, or why not.
+    snapshots: BTreeMap<SnapshotId, Result<BTreeSet<NodeId>, String>>,
     now: u64,
 }
 
@@ -159,6 +161,7 @@ impl World {
             hold_persists: false,
             held_persists: Vec::new(),
             sent: Vec::new(),
+            snapshots: BTreeMap::new(),
             now: 0,
         }
     }
@@ -338,7 +341,10 @@ impl World {
             Action::ForgetDirty { peer } => {
                 self.maps.remove(&peer);
             }
-            Action::LocalReadable(_) | Action::Stopped { .. } | Action::SnapshotDone { .. } => {}
+            Action::SnapshotDone { snapshot, result } => {
+                self.snapshots.insert(snapshot, result);
+            }
+            Action::LocalReadable(_) | Action::Stopped { .. } => {}
         }
     }
 
@@ -1173,4 +1179,71 @@ fn a_member_that_fails_a_reconcile_copy_is_outdated() {
     );
     assert!(!world.view.in_sync.contains(&NodeId(2)));
     assert!(world.engine.is_serving());
+}
+
+/// A member still in the set but lacking regions (here: a reconciliation
+/// copy went on without it while its link was down, and its outdating was
+/// not committed yet) used to be sent a snapshot barrier when its link came
+/// back, so its copy of the snapshot missed those regions for good (found by
+/// the simulator: seeds 105499, 112083, 113575 and 115878 from 100000).
+#[test]
+fn a_member_that_lost_regions_gets_no_snapshot() {
+    let mut replicas = replicas_at(2);
+    // A former primary's write, unsettled on every replica: the new primary
+    // copies its region from one source to the others before it serves.
+    let write = ToReplica::Write {
+        seq: 9,
+        offset: 0,
+        payload: Payload::Zeroes {
+            length: 4096,
+            trim: false,
+        },
+        fua: false,
+        settled: 9,
+    };
+    for replica in replicas.values_mut() {
+        replica.side.on_hello(100, Generation(2), NodeId(2));
+        replica.side.admit(100, &write).unwrap();
+        replica.side.link_closed(100);
+    }
+    // Our own copy, the first source, is slow: the copy's read waits there.
+    replicas.get_mut(&ME).unwrap().hold = true;
+    let mut world = World::build(view(3, &[1, 2, 3]), BTreeMap::new(), replicas);
+    world.run();
+    assert!(!world.engine.is_serving(), "the copy waits for our read");
+    // Our copy's link drops; its outdating is asked but not answered yet.
+    world.outdate = Answer::Hold;
+    world.drop_link(ME);
+    world.replicas.get_mut(&ME).unwrap().hold = false;
+    assert!(world.engine.is_serving(), "copied from another source");
+    // The link is back before the control plane answers: still in the set.
+    world.tick(200);
+    assert!(world.replicas[&ME].link.is_some());
+    assert!(world.view.in_sync.contains(&ME));
+    world.engine.take_snapshot(SnapshotId(1), world.now);
+    world.run();
+    let barrier_to = |world: &World| -> BTreeSet<NodeId> {
+        world
+            .sent
+            .iter()
+            .filter(|(_, message)| matches!(message, ToReplica::Snapshot { .. }))
+            .map(|(node, _)| *node)
+            .collect()
+    };
+    assert_eq!(
+        barrier_to(&world),
+        [NodeId(2), NodeId(3)].into_iter().collect(),
+        "the member that lacks the copied region gets no barrier"
+    );
+    assert!(
+        world.snapshots.is_empty(),
+        "it waits for the member to leave"
+    );
+    world.answer_held();
+    world.tick(200);
+    assert_eq!(
+        world.snapshots.get(&SnapshotId(1)),
+        Some(&Ok([NodeId(2), NodeId(3)].into_iter().collect())),
+        "taken on the complete copies once the other is outdated"
+    );
 }

@@ -4,7 +4,7 @@
 //! client write or flush starts (reads go on), resyncs and verifies pause,
 //! and once nothing is in flight (and no failed write may still land
 //! somewhere) the engine sends `Snapshot` to every in-sync replica that
-//! takes writes, then lets the queued requests go. Each link is one
+//! takes writes and lacks no region, then lets the queued requests go. Each link is one
 //! ordered stream and each replica's store orders the snapshot after what
 //! the link delivered before it, so every copy holds exactly the same
 //! writes. The barrier completes like a write: every in-sync replica has
@@ -64,8 +64,11 @@ impl Primary {
                 needed.insert(node);
             }
             // Only complete copies get it: a resyncing one would snapshot
-            // data it does not have yet.
-            if member.takes_writes() && member.is_needed() {
+            // data it does not have yet, and so would one still in the set
+            // that lost regions (a link dropped, or a reconciliation copy
+            // went on without it) until it is outdated and resynced. The
+            // barrier waits for those as a write does: until they are out.
+            if member.takes_writes() && member.is_needed() && member.lost.is_empty() {
                 member.unacked.insert(seq, (0, 0, self.now_ms, 0));
                 self.actions.push(Action::Send {
                     to: node,
