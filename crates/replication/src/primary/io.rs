@@ -539,7 +539,7 @@ impl Primary {
             if member.is_needed() {
                 needed.insert(node);
             }
-            if member.takes_writes() {
+            if member.takes_writes() && member.holds_everything() {
                 let regions = std::mem::take(&mut member.unflushed);
                 member.flushing.push((seq, regions));
                 member.unacked.insert(seq, (0, 0, self.now_ms, 0));

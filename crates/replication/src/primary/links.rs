@@ -135,6 +135,7 @@ impl Primary {
         for (seq, write) in pending {
             match write {
                 Some((offset, payload, fua)) => self.send_write(node, seq, offset, &payload, fua),
+                None if !self.members[&node].holds_everything() => {}
                 None => {
                     let now = self.now_ms;
                     let member = self.members.get_mut(&node).expect("checked");

@@ -64,11 +64,8 @@ impl Primary {
                 needed.insert(node);
             }
             // Only complete copies get it: a resyncing one would snapshot
-            // data it does not have yet, and so would one still in the set
-            // that lost regions (a link dropped, or a reconciliation copy
-            // went on without it) until it is outdated and resynced. The
-            // barrier waits for those as a write does: until they are out.
-            if member.takes_writes() && member.is_needed() && member.lost.is_empty() {
+            // data it does not have yet.
+            if member.takes_writes() && member.is_needed() && member.holds_everything() {
                 member.unacked.insert(seq, (0, 0, self.now_ms, 0));
                 self.actions.push(Action::Send {
                     to: node,

@@ -186,6 +186,19 @@ impl Member {
         }
     }
 
+    /// Holds every region as the set does, as far as this engine knows.
+    /// A member still in the set that lost regions (its link dropped with
+    /// writes unconfirmed, or a copy went on without it) gets no message
+    /// that would let it pass for whole until it is outdated: no snapshot
+    /// barrier (its snapshot would lack those regions) and no flush (a
+    /// flush tells a replica that what older primaries left unsettled is
+    /// reconciled, and it would stop reporting those regions to the next
+    /// primary). Flushes and barriers wait for it as for a member that is
+    /// down: until it leaves the set.
+    pub(super) fn holds_everything(&self) -> bool {
+        self.lost.is_empty()
+    }
+
     /// Receives writes.
     pub(super) fn takes_writes(&self) -> bool {
         self.is_up() && !self.damaged && !matches!(self.sync, Sync::Outdated { .. })
