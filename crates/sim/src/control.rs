@@ -1270,6 +1270,19 @@ impl Sim {
         via: u64,
         wait: Duration,
     ) -> (Outcome, Option<Result<Reply, CommandError>>) {
+        self.write_within(command, via, wait, None).await
+    }
+
+    /// As [`Self::write`], following a forward to the leader only to a node
+    /// in `within` (when given): the client's requests do not go through
+    /// the simulated network, so a forward would cross a partition.
+    async fn write_within(
+        &mut self,
+        command: Command,
+        via: u64,
+        wait: Duration,
+        within: Option<&[u64]>,
+    ) -> (Outcome, Option<Result<Reply, CommandError>>) {
         let mut target = via;
         for _ in 0..2 {
             let Some(node) = self.live.get(&target) else {
@@ -1289,7 +1302,11 @@ impl Sim {
                 Ok(Err(raft::RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))) => {
                     lock(&self.oracle).settle(proposal, Outcome::NotAppended, None);
                     match forward.leader_id {
-                        Some(leader) if leader != target && self.live.contains_key(&leader) => {
+                        Some(leader)
+                            if leader != target
+                                && self.live.contains_key(&leader)
+                                && within.is_none_or(|nodes| nodes.contains(&leader)) =>
+                        {
                             target = leader;
                             continue;
                         }
@@ -1792,7 +1809,12 @@ impl Sim {
             now_ms: self.now_ms(),
         };
         let wait = Duration::from_millis(self.config.write_timeout_ms);
-        let (outcome, _) = self.write(command, leader, wait).await;
+        // The node that led a moment ago may have lost its leadership while
+        // the majority side restarted: a forward to the new leader, on the
+        // majority side, would commit there (and prove nothing).
+        let (outcome, _) = self
+            .write_within(command, leader, wait, Some(&minority))
+            .await;
         if let Outcome::Acked { index } = outcome {
             return Err(self.failure(format!(
                 "a minority committed: leader {leader}, cut off with {minority:?}, acknowledged a write at index {index}"
