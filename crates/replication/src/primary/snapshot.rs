@@ -4,11 +4,12 @@
 //! client write or flush starts (reads go on), resyncs and verifies pause,
 //! and once nothing is in flight (and no failed write may still land
 //! somewhere) the engine sends `Snapshot` to every in-sync replica that
-//! takes writes and lacks no region, then lets the queued requests go. Each link is one
-//! ordered stream and each replica's store orders the snapshot after what
-//! the link delivered before it, so every copy holds exactly the same
-//! writes. The barrier completes like a write: every in-sync replica has
-//! it (or has been outdated) and a quorum of voters is among them.
+//! takes writes and lacks no region, then lets the queued requests go.
+//! Each link is one ordered stream and each replica's store orders the
+//! snapshot after what the link delivered before it, so every copy holds
+//! exactly the same writes. The barrier completes like a write: every
+//! in-sync replica has it (or has been outdated) and a quorum of voters is
+//! among them.
 
 use super::*;
 
