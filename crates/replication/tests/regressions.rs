@@ -497,6 +497,29 @@ fn replicas_at(accepted: u64) -> BTreeMap<NodeId, Replica> {
         .collect()
 }
 
+/// Replicas at generation 2 on which a write of the generation-2 primary
+/// (node 2) at `offset` is unsettled: the next primary must copy its
+/// region from one source to the others before it serves.
+fn replicas_with_unsettled_write(offset: u64) -> BTreeMap<NodeId, Replica> {
+    let mut replicas = replicas_at(2);
+    let write = ToReplica::Write {
+        seq: 9,
+        offset,
+        payload: Payload::Zeroes {
+            length: 4096,
+            trim: false,
+        },
+        fua: false,
+        settled: 9,
+    };
+    for replica in replicas.values_mut() {
+        replica.side.on_hello(100, Generation(2), NodeId(2));
+        replica.side.admit(100, &write).unwrap();
+        replica.side.link_closed(100);
+    }
+    replicas
+}
+
 /// The control plane refuses to outdate the last up-to-date member; when its
 /// link comes back, the engine used to ignore the welcome and retry the
 /// refused proposal forever: no read source, no resync, writes hung.
@@ -714,22 +737,7 @@ fn mark_in_sync_waits_for_an_unanswered_mark_outdated() {
 /// the persisted map without them.
 #[test]
 fn reconciliation_persists_what_outdated_members_lack() {
-    let mut replicas = replicas_at(2);
-    let write = ToReplica::Write {
-        seq: 9,
-        offset: 2 << 20,
-        payload: Payload::Zeroes {
-            length: 4096,
-            trim: false,
-        },
-        fua: false,
-        settled: 9,
-    };
-    for replica in replicas.values_mut() {
-        replica.side.on_hello(100, Generation(2), NodeId(2));
-        replica.side.admit(100, &write).unwrap();
-        replica.side.link_closed(100);
-    }
+    let mut replicas = replicas_with_unsettled_write(2 << 20);
     replicas.get_mut(&NodeId(3)).unwrap().reachable = false;
     let mut world = World::with_replicas(view(3, &[1, 2, 3]), BTreeMap::new(), replicas);
     world.tick(5_000);
@@ -1029,22 +1037,7 @@ fn a_member_back_from_a_link_drop_still_holds_its_unflushed_writes() {
 /// without those regions: the copy, when it came, no longer went to it.
 #[test]
 fn a_member_outdated_during_reconciliation_copies_the_unsettled_regions() {
-    let mut replicas = replicas_at(2);
-    let write = ToReplica::Write {
-        seq: 9,
-        offset: 2 << 20,
-        payload: Payload::Zeroes {
-            length: 4096,
-            trim: false,
-        },
-        fua: false,
-        settled: 9,
-    };
-    for replica in replicas.values_mut() {
-        replica.side.on_hello(100, Generation(2), NodeId(2));
-        replica.side.admit(100, &write).unwrap();
-        replica.side.link_closed(100);
-    }
+    let mut replicas = replicas_with_unsettled_write(2 << 20);
     // The source's (our own) disk is slow: the copy's read waits.
     replicas.get_mut(&ME).unwrap().hold = true;
     let mut world = World::with_replicas(view(3, &[1, 2, 3]), BTreeMap::new(), replicas);
@@ -1077,22 +1070,7 @@ fn a_resync_reads_around_a_bad_source_and_repairs_it() {
 /// blocks), the region used to stay different on each member.
 #[test]
 fn a_reconcile_copy_falls_back_to_blocks() {
-    let mut replicas = replicas_at(2);
-    let write = ToReplica::Write {
-        seq: 9,
-        offset: 2 << 20,
-        payload: Payload::Zeroes {
-            length: 4096,
-            trim: false,
-        },
-        fua: false,
-        settled: 9,
-    };
-    for replica in replicas.values_mut() {
-        replica.side.on_hello(100, Generation(2), NodeId(2));
-        replica.side.admit(100, &write).unwrap();
-        replica.side.link_closed(100);
-    }
+    let mut replicas = replicas_with_unsettled_write(2 << 20);
     // Nodes 1 and 2 applied a write node 3 missed; each copy has a bad
     // block elsewhere in the region.
     for node in [1, 2, 3] {
@@ -1114,22 +1092,7 @@ fn a_reconcile_copy_falls_back_to_blocks() {
 /// was forgotten: the engine stayed in its copying phase forever.
 #[test]
 fn a_reconcile_copy_waits_for_a_source() {
-    let mut replicas = replicas_at(2);
-    let write = ToReplica::Write {
-        seq: 9,
-        offset: 2 << 20,
-        payload: Payload::Zeroes {
-            length: 4096,
-            trim: false,
-        },
-        fua: false,
-        settled: 9,
-    };
-    for replica in replicas.values_mut() {
-        replica.side.on_hello(100, Generation(2), NodeId(2));
-        replica.side.admit(100, &write).unwrap();
-        replica.side.link_closed(100);
-    }
+    let mut replicas = replicas_with_unsettled_write(2 << 20);
     replicas.get_mut(&NodeId(2)).unwrap().reachable = false;
     replicas.get_mut(&NodeId(3)).unwrap().reachable = false;
     // The source (our own copy) is slow: its link drops before it answers.
@@ -1149,22 +1112,7 @@ fn a_reconcile_copy_waits_for_a_source() {
 /// region (found by the simulator with snapshots: seed 5720).
 #[test]
 fn a_member_that_fails_a_reconcile_copy_is_outdated() {
-    let mut replicas = replicas_at(2);
-    let write = ToReplica::Write {
-        seq: 9,
-        offset: 2 << 20,
-        payload: Payload::Zeroes {
-            length: 4096,
-            trim: false,
-        },
-        fua: false,
-        settled: 9,
-    };
-    for replica in replicas.values_mut() {
-        replica.side.on_hello(100, Generation(2), NodeId(2));
-        replica.side.admit(100, &write).unwrap();
-        replica.side.link_closed(100);
-    }
+    let mut replicas = replicas_with_unsettled_write(2 << 20);
     // Only our own copy (the source) and node 2 are up to date, and node
     // 2's disk fails every write (but not its flushes).
     replicas.get_mut(&NodeId(2)).unwrap().write_error = true;
@@ -1231,22 +1179,7 @@ fn a_member_that_lost_regions_gets_no_snapshot() {
 /// back while its outdating is still unanswered: it is in the set, and
 /// lacks region 0 as the others hold it.
 fn reconciled_without_our_copy() -> World {
-    let mut replicas = replicas_at(2);
-    let write = ToReplica::Write {
-        seq: 9,
-        offset: 0,
-        payload: Payload::Zeroes {
-            length: 4096,
-            trim: false,
-        },
-        fua: false,
-        settled: 9,
-    };
-    for replica in replicas.values_mut() {
-        replica.side.on_hello(100, Generation(2), NodeId(2));
-        replica.side.admit(100, &write).unwrap();
-        replica.side.link_closed(100);
-    }
+    let mut replicas = replicas_with_unsettled_write(0);
     replicas.get_mut(&ME).unwrap().hold = true;
     let mut world = World::build(view(3, &[1, 2, 3]), BTreeMap::new(), replicas);
     world.run();
