@@ -1194,11 +1194,12 @@ fn reconciled_without_our_copy() -> World {
     world
 }
 
-/// That member used to be sent the flush that ends reconciliation when its
-/// link came back. A flush tells a replica that what older primaries
-/// left unsettled is reconciled, so it stopped reporting the region; the
-/// outdating never committed, and the next primary trusted its copy of the
-/// region (found by the simulator: seed 209760 from 200000).
+/// The member `reconciled_without_our_copy` leaves lacking region 0 used to
+/// be sent the flush that ends reconciliation when its link came back. A
+/// flush tells a replica that what older primaries left unsettled is
+/// reconciled, so it stopped reporting the region; the outdating never
+/// committed, and the next primary trusted its copy of the region (found by
+/// the simulator: seed 209760 from 200000).
 #[test]
 fn a_member_that_lost_regions_keeps_reporting_them() {
     let mut world = reconciled_without_our_copy();
