@@ -2,12 +2,12 @@
 //! as many per `pwritev` as are waiting, and the data of redirects to their
 //! fresh chunks.
 
-use super::Engine;
+use super::{Engine, State};
 use crate::journal::{encode_redirect_payload, HEADER_BYTES};
 use crate::layout::CHUNK_BYTES;
 use crate::record::{Record, RecordBody};
 use std::io::IoSlice;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 /// The journal writer thread: writes admitted records in order, as many
 /// per `pwritev` as are waiting, so one system call serves many requests.
@@ -52,25 +52,11 @@ pub fn run_journal_writer(engine: Arc<Engine>) {
         }
         state.writing = true;
         drop(state);
-        let result = engine.write_batch(&batch, helper.as_ref());
-        state = engine.lock();
-        state.writing = false;
-        match result {
-            Ok(()) => {
-                let last = batch.last().expect("a batch has a record");
-                assert_eq!(last.sequence, state.written_sequence + batch.len() as u64);
-                state.written_sequence = last.sequence;
-                engine.changed.notify_all();
-                state = engine.sync_eagerly(state);
-            }
-            Err(error) => {
-                // A hole in the journal would cut off every later record.
-                let offset = engine.journal_physical(batch[0].position);
-                engine.fail(
-                    &mut state,
-                    format!("journal write at byte {offset} failed: {error}"),
-                );
-            }
+        let written;
+        (state, written) = engine.write_in_role(&batch, helper.as_ref());
+        if written.is_ok() {
+            engine.changed.notify_all();
+            state = engine.sync_eagerly(state);
         }
         engine.changed.notify_all();
     }
@@ -89,8 +75,8 @@ impl Engine {
     /// flush never pay for it.
     pub(super) fn sync_eagerly<'a>(
         &'a self,
-        state: std::sync::MutexGuard<'a, super::State>,
-    ) -> std::sync::MutexGuard<'a, super::State> {
+        state: MutexGuard<'a, State>,
+    ) -> MutexGuard<'a, State> {
         let recent = state
             .last_flush_request
             .is_some_and(|at| at.elapsed() < EAGER_SYNC_WINDOW);
@@ -108,10 +94,34 @@ const JOURNAL_BATCH_MAX_BYTES: u64 = 8 << 20;
 const IOV_MAX: usize = 1024;
 
 impl Engine {
-    /// Writes consecutive records without the helpers, for a caller that
-    /// holds the writing role (see `write_now`).
-    pub(super) fn write_records(&self, batch: &[Arc<Record>]) -> std::io::Result<()> {
-        self.write_batch(batch, None)
+    /// Writes `batch`, the records right after the written sequence, for
+    /// the thread that holds the writing role (the journal writer, or a
+    /// caller of `write_now`), then takes the lock and gives the role back.
+    /// The written sequence advances over the batch, or the pool fails: a
+    /// hole in the journal would cut off every later record.
+    pub(super) fn write_in_role(
+        &self,
+        batch: &[Arc<Record>],
+        helper: Option<&DirectHelper>,
+    ) -> (MutexGuard<'_, State>, Result<(), String>) {
+        let result = self.write_batch(batch, helper);
+        let mut state = self.lock();
+        state.writing = false;
+        let written = match result {
+            Ok(()) => {
+                let last = batch.last().expect("a batch has a record");
+                assert_eq!(last.sequence, state.written_sequence + batch.len() as u64);
+                state.written_sequence = last.sequence;
+                Ok(())
+            }
+            Err(error) => {
+                let offset = self.journal_physical(batch[0].position);
+                let reason = format!("journal write at byte {offset} failed: {error}");
+                self.fail(&mut state, reason.clone());
+                Err(reason)
+            }
+        };
+        (state, written)
     }
 
     /// Writes consecutive records (headers and data) with one system call,
@@ -281,7 +291,7 @@ struct DirectJob {
 }
 
 /// The journal writer's helper threads for direct writes.
-struct DirectHelper {
+pub(super) struct DirectHelper {
     jobs: Vec<std::sync::mpsc::Sender<DirectJob>>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }

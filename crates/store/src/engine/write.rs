@@ -304,30 +304,13 @@ impl Engine {
     /// writing role, then gives the role back (to the journal writer, if
     /// records were admitted meanwhile).
     fn write_holding_role(&self, record: Arc<Record>) -> Result<(), TargetError> {
-        let result = self.write_records(std::slice::from_ref(&record));
-        let mut state = self.lock();
-        state.writing = false;
-        let outcome = match result {
-            Ok(()) => {
-                assert_eq!(record.sequence, state.written_sequence + 1);
-                state.written_sequence = record.sequence;
-                Ok(())
-            }
-            Err(error) => {
-                // As in the journal writer: a hole would cut off every
-                // later record.
-                let offset = self.journal_physical(record.position);
-                let reason = format!("journal write at byte {offset} failed: {error}");
-                self.fail(&mut state, reason.clone());
-                Err(TargetError::Io(reason))
-            }
-        };
+        let (state, written) = self.write_in_role(std::slice::from_ref(&record), None);
         state.validate(self.layout.journal_bytes);
         self.changed.notify_all();
         if state.next_sequence - 1 > state.written_sequence || state.shutting_down {
             self.journal_wake.notify_one();
         }
-        outcome
+        written.map_err(TargetError::Io)
     }
 
     pub fn check_range(
