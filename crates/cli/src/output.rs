@@ -60,11 +60,16 @@ fn state(pool: &PoolResponse) -> &'static str {
     }
 }
 
-pub fn pools_table(pools: &[PoolResponse]) {
+/// The pools of one node: `node` names it, as a cluster has a `default`
+/// pool on every node.
+pub fn pools_table(pools: &[PoolResponse], node: &str) {
     if pools.is_empty() {
-        println!("no pools: create one with `trireme pool create NAME --path PATH --size SIZE`");
+        println!(
+            "node '{node}' has no pools: create one with `trireme pool create NAME --path PATH --size SIZE`"
+        );
         return;
     }
+    println!("pools of node '{node}' (another node's: `--api ADDRESS`; every node's space: `trireme node list`)");
     let mut table = new_table(&[
         "NAME",
         "STATE",
@@ -137,7 +142,14 @@ pub fn pool_detail(pool: &PoolResponse) {
     println!("{table}");
 }
 
-pub fn volumes_table(volumes: &[VolumeResponse], pools: &[PoolResponse], not_online: &NotOnline) {
+/// The volumes of the cluster, then the space of the pools of `node`, the
+/// node that answered.
+pub fn volumes_table(
+    volumes: &[VolumeResponse],
+    pools: &[PoolResponse],
+    node: &str,
+    not_online: &NotOnline,
+) {
     if volumes.is_empty() {
         println!("no volumes: create one with `trireme volume create NAME --size 32G`");
         return;
@@ -182,7 +194,7 @@ pub fn volumes_table(volumes: &[VolumeResponse], pools: &[PoolResponse], not_onl
             ""
         };
         println!(
-            "pool '{}': provisioned {} of {} ({}), {} allocated{over}",
+            "pool '{}' on {node}: provisioned {} of {} ({}), {} allocated{over}",
             pool.name,
             format_size(provisioned_bytes),
             format_size(capacity_bytes),
@@ -243,7 +255,10 @@ pub fn volume_detail(volume: &VolumeResponse, not_online: &NotOnline) {
             ),
         ),
         ("allocated", format_size(volume.allocated_bytes)),
-        ("created (unix s)", volume.created_unix_seconds.to_string()),
+        (
+            "created (UTC)",
+            format_unix_time(volume.created_unix_seconds),
+        ),
         ("checksum errors", volume.checksum_errors.to_string()),
         ("nbd", volume.nbd_url.clone().unwrap_or_else(|| "-".into())),
         ("group", volume.group.clone()),
@@ -411,7 +426,6 @@ pub fn format_age(seconds: u64) -> String {
     }
 }
 
-/// `1h`, `1h30m`, `45s`, `2d`: exactly, as `--eviction-delay` takes it.
 /// `2026-11-24 07:05:09` (UTC).
 pub fn format_unix_time(unix_seconds: u64) -> String {
     trireme_types::time::UtcTime::from_unix(unix_seconds).display()

@@ -1,7 +1,7 @@
 //! `trireme pool ...`: create, list, show, delete, scan.
 
 use anyhow::{Context, Result};
-use trireme_node::api::model::{CreatePoolRequest, PoolResponse, ScanResponse};
+use trireme_node::api::model::{CreatePoolRequest, NodeResponse, PoolResponse, ScanResponse};
 
 use crate::args::{OutputFormat, PoolCommand};
 use crate::client::Client;
@@ -41,7 +41,8 @@ pub fn run(command: PoolCommand, format: OutputFormat, client: &Client) -> Resul
             if json {
                 output::print_json(&answer);
             } else {
-                output::pools_table(&answer.parse::<Vec<PoolResponse>>()?);
+                let node: NodeResponse = client.get("/node")?.parse()?;
+                output::pools_table(&answer.parse::<Vec<PoolResponse>>()?, &node.node_name);
             }
         }
         PoolCommand::Show { name } => {

@@ -8,8 +8,8 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 use trireme_node::api::model::{
     AddReplicaRequest, AttachRequest, CloneRequest, CreateVolumeRequest, DetachRequest,
-    GrowVolumeRequest, NodeEntry, PoolResponse, ReplicaResponse, RollbackRequest, VerifyResponse,
-    VolumeResponse,
+    GrowVolumeRequest, NodeEntry, NodeResponse, PoolResponse, ReplicaResponse, RollbackRequest,
+    VerifyResponse, VolumeResponse,
 };
 use trireme_types::{format_size, VolumeName};
 
@@ -88,7 +88,8 @@ pub fn run(command: VolumeCommand, format: OutputFormat, client: &Client) -> Res
             } else {
                 let volumes: Vec<VolumeResponse> = answer.parse()?;
                 let pools: Vec<PoolResponse> = client.get("/pools")?.parse()?;
-                output::volumes_table(&volumes, &pools, &not_online(client));
+                let node: NodeResponse = client.get("/node")?.parse()?;
+                output::volumes_table(&volumes, &pools, &node.node_name, &not_online(client));
             }
         }
         VolumeCommand::Show {
@@ -133,7 +134,7 @@ pub fn run(command: VolumeCommand, format: OutputFormat, client: &Client) -> Res
                 }
                 if volume.primaries.len() > 1 {
                     println!(
-                        "two primaries: detach one once the migration is done                          (`trireme volume detach {name} --node NODE`)"
+                        "two primaries: detach one once the migration is done (`trireme volume detach {name} --node NODE`)"
                     );
                 }
             }
@@ -188,7 +189,7 @@ pub fn run(command: VolumeCommand, format: OutputFormat, client: &Client) -> Res
                     .filter(|node| !before.contains(node))
                     .collect();
                 println!(
-                    "volume '{name}': new replica on {}; it is outdated until the data is                      copied to it (`trireme volume show {name} --wait` follows the resync)",
+                    "volume '{name}': new replica on {}; it is outdated until the data is copied to it (`trireme volume show {name} --wait` follows the resync)",
                     if added.is_empty() {
                         "another node".to_string()
                     } else {
