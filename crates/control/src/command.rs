@@ -305,6 +305,12 @@ pub enum CommandError {
     NodeNotOnline { node: String, state: String },
     #[error("volume '{name}' is attached on node '{primary}'; detach it there first (`trireme volume detach {name}`), or pass --allow-two-primaries to attach it on a second node while a VM migrates")]
     AlreadyAttached { name: String, primary: String },
+    #[error("volume '{name}' is attached on node '{primary}', which is {state}; if that machine or its VM is down, detach the volume there (`trireme volume detach {name} --node {primary}`) then attach it here: once the replicas see the new generation, the former primary can write to none of them")]
+    AttachedOnDownNode {
+        name: String,
+        primary: String,
+        state: String,
+    },
     #[error("volume '{name}' already has two primaries ({primaries}); detach one of them first (`trireme volume detach {name} --node NODE`)")]
     TwoPrimaries { name: String, primaries: String },
     #[error("volume '{name}' has no up-to-date replica, so no node can serve its data; start the node that held its last up-to-date replica again")]
@@ -1122,10 +1128,18 @@ impl ClusterState {
         match volume.primaries.as_slice() {
             [] => {}
             [only] if !allow_two_primaries => {
-                return Err(CommandError::AlreadyAttached {
-                    name: name.to_string(),
-                    primary: self.node_name(only.node),
-                })
+                let primary = self.node_name(only.node);
+                return Err(match self.nodes.get(&only.node).map(|n| n.state) {
+                    Some(state) if state != NodeState::Online => CommandError::AttachedOnDownNode {
+                        name: name.to_string(),
+                        primary,
+                        state: state.as_str().to_string(),
+                    },
+                    _ => CommandError::AlreadyAttached {
+                        name: name.to_string(),
+                        primary,
+                    },
+                });
             }
             [_] => {}
             _ => {

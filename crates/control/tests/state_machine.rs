@@ -1247,6 +1247,26 @@ fn the_first_attach_moves_the_generation_and_a_second_primary_shares_it() {
         "{text}"
     );
 
+    // When the primary's node is offline (its machine died), the refusal
+    // says so and gives the failover's commands instead.
+    let mut down = state.clone();
+    down.nodes.get_mut(&NodeId(1)).unwrap().state = NodeState::Offline;
+    let error = refused(&mut down, attach_command("v", 2, false));
+    assert_eq!(
+        error,
+        CommandError::AttachedOnDownNode {
+            name: "v".into(),
+            primary: "n1".into(),
+            state: "offline".into()
+        }
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("'n1', which is offline")
+            && text.contains("trireme volume detach v --node n1"),
+        "{text}"
+    );
+
     // A second primary shares the generation (a live migration).
     assert_eq!(
         generation_of(apply_ok(&mut state, attach_command("v", 2, true))),
