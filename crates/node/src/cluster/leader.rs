@@ -24,35 +24,64 @@ pub const MAX_VOTERS: usize = 5;
 /// When the leader last heard from each node (leader-local, not replicated).
 #[derive(Default)]
 pub struct Liveness {
-    seen: Mutex<HashMap<NodeId, Instant>>,
+    inner: Mutex<Heartbeats>,
+}
+
+#[derive(Default)]
+struct Heartbeats {
+    /// The last heartbeat of each node since this node became leader.
+    heard: HashMap<NodeId, Instant>,
+    /// When this leader began to watch each node: at its election, or when
+    /// it first looked at a node that joined later.
+    watched_since: HashMap<NodeId, Instant>,
+}
+
+/// What the leader knows of a node's heartbeats, for [`liveness_decisions`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heard {
+    /// A heartbeat within [`OFFLINE_AFTER`].
+    Recently,
+    /// No heartbeat yet, but this leader has watched the node for less than
+    /// [`OFFLINE_AFTER`] (it was just elected, or the node just joined): too
+    /// early to call it offline, and no evidence that it is online.
+    NotYet,
+    /// Nothing for [`OFFLINE_AFTER`] or longer.
+    Silent,
 }
 
 impl Liveness {
     pub fn seen(&self, node: NodeId) {
-        self.seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(node, Instant::now());
+        self.lock().heard.insert(node, Instant::now());
     }
 
-    /// When `node` was last heard from. A node never heard from (it just
-    /// joined) counts as heard from now, so it gets the same grace period
-    /// as everyone after an election instead of being marked offline at once.
-    fn last_seen(&self, node: NodeId) -> Instant {
-        *self
-            .seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(node)
-            .or_insert_with(Instant::now)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Heartbeats> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new leader gives every node a fresh grace period.
-    fn reset_all(&self, nodes: impl Iterator<Item = NodeId>) {
+    fn heard(&self, node: NodeId, now: Instant) -> Heard {
+        let mut beats = self.lock();
+        if let Some(at) = beats.heard.get(&node) {
+            if now.saturating_duration_since(*at) < OFFLINE_AFTER {
+                return Heard::Recently;
+            }
+        }
+        let watched = *beats.watched_since.entry(node).or_insert(now);
+        if now.saturating_duration_since(watched) < OFFLINE_AFTER {
+            Heard::NotYet
+        } else {
+            Heard::Silent
+        }
+    }
+
+    /// A new leader knows no heartbeats and watches every node from now:
+    /// the nodes it finds online get a fresh grace period, and the ones it
+    /// finds offline stay so until they are heard from.
+    fn start_term(&self, nodes: impl Iterator<Item = NodeId>) {
         let now = Instant::now();
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        seen.clear();
-        seen.extend(nodes.map(|node| (node, now)));
+        let mut beats = self.lock();
+        beats.heard.clear();
+        beats.watched_since.clear();
+        beats.watched_since.extend(nodes.map(|node| (node, now)));
     }
 }
 
@@ -113,7 +142,7 @@ pub async fn leader_loop(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>)
         }
         if !was_leader {
             let nodes: Vec<NodeId> = cluster.state.read().nodes.keys().copied().collect();
-            cluster.liveness.reset_all(nodes.into_iter());
+            cluster.liveness.start_term(nodes.into_iter());
             was_leader = true;
         }
         update_liveness(&cluster).await;
@@ -160,23 +189,27 @@ async fn run_snapshot_schedules(cluster: &Cluster) {
     }
 }
 
-/// What the leader does about liveness, decided from the state, who was
-/// heard from recently (`alive`) and the time: state changes to record and
+/// What the leader does about liveness, decided from the state, what it
+/// heard from each node (`heard`) and the time: state changes to record and
 /// nodes to evict. Pure, so flapping can be tested without a cluster.
+///
+/// Only a heartbeat brings a node back online. The grace period a new
+/// leader gives every node keeps an online node from being called offline
+/// before it could be heard; it must not make a dead node look alive.
 pub fn liveness_decisions(
     state: &trireme_control::ClusterState,
-    alive: impl Fn(NodeId) -> bool,
+    heard: impl Fn(NodeId) -> Heard,
     now_ms: u64,
 ) -> (Vec<(NodeId, NodeState)>, Vec<NodeId>) {
     let mut changes = Vec::new();
     let mut evictions = Vec::new();
     for node in state.nodes.values() {
-        match (node.state, alive(node.id)) {
-            (NodeState::Online, false) => changes.push((node.id, NodeState::Offline)),
-            (NodeState::Offline | NodeState::Evicted, true) => {
+        match (node.state, heard(node.id)) {
+            (NodeState::Online, Heard::Silent) => changes.push((node.id, NodeState::Offline)),
+            (NodeState::Offline | NodeState::Evicted, Heard::Recently) => {
                 changes.push((node.id, NodeState::Online))
             }
-            (NodeState::Offline, false)
+            (NodeState::Offline, Heard::NotYet | Heard::Silent)
                 if state.settings.eviction_enabled
                     && now_ms.saturating_sub(node.state_since_ms)
                         >= state.settings.eviction_delay_secs * 1000 =>
@@ -196,11 +229,14 @@ async fn update_liveness(cluster: &Cluster) {
     let now_ms = auth::now_ms();
     let (changes, evictions) = {
         let state = cluster.state.read();
-        let alive = |node: NodeId| {
-            node == cluster.node_id()
-                || now.saturating_duration_since(cluster.liveness.last_seen(node)) < OFFLINE_AFTER
+        let heard = |node: NodeId| {
+            if node == cluster.node_id() {
+                Heard::Recently
+            } else {
+                cluster.liveness.heard(node, now)
+            }
         };
-        liveness_decisions(&state, alive, now_ms)
+        liveness_decisions(&state, heard, now_ms)
     };
     for (node, state) in changes {
         tracing::info!(node = %node, state = state.as_str(), "node state changes");
@@ -313,6 +349,17 @@ mod tests {
 
     const HOUR_MS: u64 = 3_600_000;
 
+    /// Every node but `silent` was heard from recently.
+    fn all_but(silent: NodeId) -> impl Fn(NodeId) -> Heard {
+        move |node| {
+            if node == silent {
+                Heard::Silent
+            } else {
+                Heard::Recently
+            }
+        }
+    }
+
     fn two_nodes() -> trireme_control::ClusterState {
         let mut state = trireme_control::ClusterState::default();
         let registration = |name: &str| NodeRegistration {
@@ -362,13 +409,13 @@ mod tests {
     fn a_node_offline_for_the_whole_delay_is_evicted() {
         let mut state = two_nodes();
         let b = NodeId(2);
-        let (changes, evictions) = liveness_decisions(&state, |node| node != b, 1000);
+        let (changes, evictions) = liveness_decisions(&state, all_but(b), 1000);
         assert_eq!(changes, vec![(b, NodeState::Offline)]);
         assert!(evictions.is_empty());
         apply(&mut state, &changes, 1000);
-        let (_, evictions) = liveness_decisions(&state, |node| node != b, 1000 + HOUR_MS - 1);
+        let (_, evictions) = liveness_decisions(&state, all_but(b), 1000 + HOUR_MS - 1);
         assert!(evictions.is_empty(), "evicted before the delay");
-        let (_, evictions) = liveness_decisions(&state, |node| node != b, 1000 + HOUR_MS);
+        let (_, evictions) = liveness_decisions(&state, all_but(b), 1000 + HOUR_MS);
         assert_eq!(evictions, vec![b]);
     }
 
@@ -381,14 +428,14 @@ mod tests {
         let mut now = 0;
         for _ in 0..100 {
             now += 1000;
-            let (changes, evictions) = liveness_decisions(&state, |node| node != b, now);
+            let (changes, evictions) = liveness_decisions(&state, all_but(b), now);
             assert!(evictions.is_empty());
             apply(&mut state, &changes, now);
             now += 50 * 60 * 1000;
-            let (changes, evictions) = liveness_decisions(&state, |node| node != b, now);
+            let (changes, evictions) = liveness_decisions(&state, all_but(b), now);
             assert!(evictions.is_empty(), "a flapping node was evicted");
             apply(&mut state, &changes, now);
-            let (changes, evictions) = liveness_decisions(&state, |_| true, now + 1);
+            let (changes, evictions) = liveness_decisions(&state, |_| Heard::Recently, now + 1);
             assert_eq!(changes, vec![(b, NodeState::Online)]);
             assert!(evictions.is_empty());
             apply(&mut state, &changes, now + 1);
@@ -396,13 +443,60 @@ mod tests {
     }
 
     #[test]
+    fn a_new_leaders_grace_period_brings_no_node_back_online() {
+        let mut state = two_nodes();
+        let b = NodeId(2);
+        let (changes, _) = liveness_decisions(&state, all_but(b), 1000);
+        apply(&mut state, &changes, 1000);
+        // A leader elected since has not heard from b yet: b stays offline,
+        // and its time towards eviction goes on.
+        let not_yet = |node| {
+            if node == b {
+                Heard::NotYet
+            } else {
+                Heard::Recently
+            }
+        };
+        let (changes, evictions) = liveness_decisions(&state, not_yet, 2000);
+        assert!(changes.is_empty(), "{changes:?}");
+        assert!(evictions.is_empty());
+        let (_, evictions) = liveness_decisions(&state, not_yet, 1000 + HOUR_MS);
+        assert_eq!(evictions, vec![b]);
+        // An online node in the same grace period is not called offline.
+        let (changes, _) = liveness_decisions(&two_nodes(), not_yet, 2000);
+        assert!(changes.is_empty(), "{changes:?}");
+    }
+
+    #[test]
+    fn a_leader_watches_nodes_from_its_election() {
+        let liveness = Liveness::default();
+        let (a, b) = (NodeId(1), NodeId(2));
+        let start = Instant::now();
+        liveness.start_term([a, b].into_iter());
+        liveness.seen(a);
+        assert_eq!(liveness.heard(a, Instant::now()), Heard::Recently);
+        assert_eq!(liveness.heard(b, Instant::now()), Heard::NotYet);
+        let later = start + OFFLINE_AFTER + Duration::from_millis(1);
+        assert_eq!(liveness.heard(b, later), Heard::Silent);
+        assert_eq!(liveness.heard(a, later + OFFLINE_AFTER), Heard::Silent);
+        // A node that joined after the election is watched from when the
+        // leader first looks at it.
+        let c = NodeId(3);
+        assert_eq!(liveness.heard(c, later), Heard::NotYet);
+        assert_eq!(liveness.heard(c, later + OFFLINE_AFTER), Heard::Silent);
+        // A new term forgets the old heartbeats.
+        liveness.start_term([a, b, c].into_iter());
+        assert_eq!(liveness.heard(a, Instant::now()), Heard::NotYet);
+    }
+
+    #[test]
     fn eviction_off_never_evicts() {
         let mut state = two_nodes();
         state.settings.eviction_enabled = false;
         let b = NodeId(2);
-        let (changes, _) = liveness_decisions(&state, |node| node != b, 1);
+        let (changes, _) = liveness_decisions(&state, all_but(b), 1);
         apply(&mut state, &changes, 1);
-        let (_, evictions) = liveness_decisions(&state, |node| node != b, 100 * HOUR_MS);
+        let (_, evictions) = liveness_decisions(&state, all_but(b), 100 * HOUR_MS);
         assert!(evictions.is_empty());
     }
 
