@@ -189,7 +189,7 @@ async fn write(
     let attempt = tokio::time::timeout(FORWARDED_COMMIT_WAIT, cluster.raft.client_write(command));
     Ok(Json(match attempt.await {
         Err(_) => WriteOutcome::NotCommitted(format!(
-            "the leader could not commit within {FORWARDED_COMMIT_WAIT:?}: it cannot reach a majority of the voters"
+            "the leader could not commit within {FORWARDED_COMMIT_WAIT:?}: it cannot reach a majority of the voters. The change is not committed yet, but it may still take effect when a majority is back: look (e.g. `trireme volume show`) before you retry it"
         )),
         Ok(Ok(response)) => WriteOutcome::Applied(response.data, response.log_id.index),
         Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {

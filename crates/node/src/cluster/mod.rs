@@ -138,7 +138,7 @@ impl Cluster {
             let Ok(attempt) = attempt.await else {
                 return Err(ClusterError::NoLeader {
                     waited: WRITE_TIMEOUT,
-                    detail: "this node leads but cannot reach a majority of the voters, so the change was not committed".into(),
+                    detail: "this node leads but cannot reach a majority of the voters. The change is not committed yet, but it may still take effect when a majority is back: look (e.g. `trireme volume show`) before you retry it".into(),
                     voters: self.voters_text(),
                 });
             };
