@@ -157,8 +157,12 @@ pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), N
                 (ReplicaObserved::Failed(error.to_string()), 0)
             }
         };
+        // Small changes wait until they add up (each report is a Raft
+        // commit), but a replica that got its first data, or lost all of
+        // it, says so at once: `0 B` beside written data looks like loss.
         let allocated_moved = allocated.abs_diff(replica.allocated_bytes)
-            > volume.size_bytes / FREE_BYTES_REPORT_SHARE;
+            > volume.size_bytes / FREE_BYTES_REPORT_SHARE
+            || (allocated == 0) != (replica.allocated_bytes == 0);
         if observed != replica.observed || allocated_moved {
             cluster
                 .write(Command::ReportReplica {
