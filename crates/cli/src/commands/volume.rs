@@ -254,6 +254,14 @@ pub fn run(command: VolumeCommand, format: OutputFormat, client: &Client) -> Res
                     volume.name,
                     format_size(volume.size_bytes)
                 );
+                // A running engine keeps the size it started with
+                // (docs/replication.md, known limits).
+                if !volume.primaries.is_empty() {
+                    println!(
+                        "it is attached on {}, which serves the old size until it is detached and attached again (`trireme volume detach {name}`, then `trireme volume attach {name} --node NODE`); NBD clients see the new size when they reconnect",
+                        volume.primaries.join(" and ")
+                    );
+                }
             }
         }
         VolumeCommand::Delete { name } => {
