@@ -42,6 +42,8 @@ pub enum NodeError {
     /// The NBD server could not listen (address in use, bad socket path).
     #[error("cannot start the NBD server: {0}")]
     Nbd(String),
+    #[error("the data directory {} is in use by another trireme process (it holds {}): stop that node first (it may still be shutting down), or give this one another --data-dir", .0.display(), .0.join(crate::node::LOCK_FILE).display())]
+    DataDirInUse(PathBuf),
     #[error("the node is shutting down")]
     ShuttingDown,
     #[error("internal error: {0}")]

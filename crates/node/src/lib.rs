@@ -15,6 +15,8 @@
 //!   pools/default/pool.img     the default pool's sparse file, made on first start
 //!   nbd.sock                   the NBD unix socket (unless --nbd-socket says otherwise)
 //!   replication.redb           accepted generations and dirty maps (replication)
+//!   node.lock                  held with flock while the node runs: one node
+//!                              per data directory
 //! ```
 //!
 //! Volumes live inside pools (the store keeps them); the catalog only knows

@@ -68,6 +68,8 @@ impl From<NodeError> for ApiError {
             }
             NodeError::Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "io_error"),
             NodeError::Nbd(_) => (StatusCode::INTERNAL_SERVER_ERROR, "nbd_error"),
+            // Only at start-up, before the API serves; here for completeness.
+            NodeError::DataDirInUse(_) => (StatusCode::CONFLICT, "data_dir_in_use"),
             NodeError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             NodeError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };

@@ -37,6 +37,8 @@ pub struct Node {
     state: Mutex<NodeState>,
     opened: Mutex<BTreeMap<VolumeName, Arc<Volume>>>,
     stopping: AtomicBool,
+    /// Held locked for the node's life: see [`lock_data_dir`].
+    _lock: std::fs::File,
 }
 
 struct NodeState {
@@ -73,6 +75,34 @@ impl NodeState {
     }
 }
 
+/// The file a node holds locked (`flock`) while it runs, in its data
+/// directory.
+pub const LOCK_FILE: &str = "node.lock";
+
+/// One node per data directory. Without this, a second process (a restart
+/// racing the old one's shutdown, or a second unit) would find each pool
+/// locked and mark it offline, and fail later on another file's lock with a
+/// less clear error. The kernel drops the lock when the process ends, so a
+/// crash leaves nothing to clean up.
+fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, NodeError> {
+    let path = data_dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|error| NodeError::io(format!("open {}", path.display()), error))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            Err(NodeError::DataDirInUse(data_dir.to_path_buf()))
+        }
+        Err(std::fs::TryLockError::Error(error)) => {
+            Err(NodeError::io(format!("lock {}", path.display()), error))
+        }
+    }
+}
+
 impl Node {
     /// Opens the data directory (creating it on first start) and every pool
     /// in its catalog. A pool that fails to open is kept as offline.
@@ -83,6 +113,7 @@ impl Node {
                 error,
             )
         })?;
+        let lock = lock_data_dir(data_dir)?;
         let catalog = Catalog::load(data_dir)?;
         let mut pools = BTreeMap::new();
         for record in &catalog.pools {
@@ -105,6 +136,7 @@ impl Node {
             state: Mutex::new(NodeState { catalog, pools }),
             opened: Mutex::new(BTreeMap::new()),
             stopping: AtomicBool::new(false),
+            _lock: lock,
         })
     }
 
@@ -152,5 +184,29 @@ impl Node {
                 Err(error) => tracing::error!(pool = %name, %error, "pool shutdown failed"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_node_per_data_directory() {
+        let directory = tempfile::tempdir().unwrap();
+        let first = Node::open(directory.path()).unwrap();
+        let Err(error) = Node::open(directory.path()) else {
+            panic!("a second node opened the same data directory");
+        };
+        assert!(matches!(error, NodeError::DataDirInUse(_)), "{error:?}");
+        let text = error.to_string();
+        assert!(
+            text.contains("in use by another trireme process") && text.contains("node.lock"),
+            "{text}"
+        );
+        // The lock goes with the node (a crash drops it too: it is the
+        // process's flock).
+        drop(first);
+        Node::open(directory.path()).unwrap();
     }
 }
