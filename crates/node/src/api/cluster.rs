@@ -17,6 +17,7 @@ use super::model::{
 };
 use super::volumes::{sync_response, volume_state};
 use super::{ApiError, ApiJson, ApiState};
+use crate::cluster::agent::FREE_BYTES_REPORT_SHARE;
 use crate::cluster::auth;
 use crate::NodeError;
 
@@ -283,6 +284,18 @@ fn resync_warnings(volume: &VolumeRecord, state: &ClusterState) -> Vec<String> {
         .filter(|replica| !volume.is_in_sync(replica.node))
         .map(|replica| {
             let node = state.node_name(replica.node);
+            // Free space is reported in steps of 1/64 of the pool: below
+            // one step, it counts as full.
+            let full_pool = replica.pool.as_ref().filter(|pool| {
+                state
+                    .nodes
+                    .get(&replica.node)
+                    .and_then(|record| record.pools.get(*pool))
+                    .is_some_and(|record| {
+                        record.online
+                            && record.free_bytes < record.capacity_bytes / FREE_BYTES_REPORT_SHARE
+                    })
+            });
             match &replica.sync {
                 Some(progress) => {
                     let sync = sync_response(progress);
@@ -290,8 +303,15 @@ fn resync_warnings(volume: &VolumeRecord, state: &ClusterState) -> Vec<String> {
                         .eta_secs
                         .map(|secs| format!(", about {} left", eta_text(secs)))
                         .unwrap_or_default();
+                    let full = full_pool
+                        .map(|pool| {
+                            format!(
+                                "; its pool {pool} is full, which stops the resync at the first chunk it must allocate: free space in that pool"
+                            )
+                        })
+                        .unwrap_or_default();
                     format!(
-                        "volume {}: the replica on {node} is syncing: {}% ({} of {}) at {}/s{eta}",
+                        "volume {}: the replica on {node} is syncing: {}% ({} of {}) at {}/s{eta}{full}",
                         volume.name,
                         sync.percent,
                         format_size(sync.done_bytes),
@@ -311,6 +331,12 @@ fn resync_warnings(volume: &VolumeRecord, state: &ClusterState) -> Vec<String> {
                             .and_then(|record| record.pools.get(*pool))
                             .is_some_and(|record| !record.online)
                     });
+                    if let (Some(pool), false) = (full_pool, offline) {
+                        return format!(
+                            "volume {}: the replica on {node} is outdated and its pool {pool} is full, so a resync fails as its writes did: free space in that pool (delete volumes or snapshots there), or move the replica (`trireme volume replica add {}`, then `trireme volume replica remove {} --node {node}`)",
+                            volume.name, volume.name, volume.name
+                        );
+                    }
                     if let (Some(pool), false) = (failed_pool, offline) {
                         return format!(
                             "volume {}: the replica on {node} is outdated and its pool {pool} is offline (device errors): replace the disk and restart {node}, or move the replica (`trireme volume replica add {}`, then `trireme volume replica remove {} --node {node}`)",
@@ -484,4 +510,126 @@ pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
         eviction_enabled: cluster_state.settings.eviction_enabled,
         eviction_delay_secs: cluster_state.settings.eviction_delay_secs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trireme_control::{Command, NodeRegistration, PoolRecord, PoolReport};
+    use trireme_types::{NodeId, VolumeName};
+
+    const GIB: u64 = 1 << 30;
+
+    /// Two nodes with a 64 GiB pool each, and a volume `v` on both; the
+    /// replica on `b` is outdated.
+    fn outdated_replica_on_b() -> ClusterState {
+        let mut state = ClusterState::default();
+        let registration = |name: &str| NodeRegistration {
+            name: NodeName::new(name).unwrap(),
+            api_address: "127.0.0.1:9".into(),
+            nbd_address: None,
+            data_address: None,
+            labels: Default::default(),
+        };
+        state
+            .apply(Command::Bootstrap {
+                cluster_id: "c".into(),
+                join_secret: "s".into(),
+                node: registration("a"),
+                now_ms: 0,
+            })
+            .unwrap();
+        state
+            .apply(Command::AddNode {
+                node: registration("b"),
+                nonce: "n".into(),
+                now_ms: 0,
+            })
+            .unwrap();
+        for node in [NodeId(1), NodeId(2)] {
+            state
+                .apply(Command::ReportPools {
+                    node,
+                    pools: vec![PoolReport {
+                        name: PoolName::new("default").unwrap(),
+                        record: PoolRecord {
+                            class: DeviceClass::Ssd,
+                            capacity_bytes: 64 * GIB,
+                            free_bytes: 64 * GIB,
+                            online: true,
+                            reported_ms: 0,
+                        },
+                    }],
+                })
+                .unwrap();
+        }
+        state
+            .apply(Command::CreateVolume {
+                name: VolumeName::new("v").unwrap(),
+                size_bytes: GIB,
+                group: None,
+                replicas: Some(2),
+                nodes: None,
+                pool: None,
+                adopt: None,
+                now_ms: 0,
+            })
+            .unwrap();
+        let volume = state.volumes.values_mut().next().unwrap();
+        volume.in_sync.remove(&NodeId(2));
+        state
+    }
+
+    fn set_free(state: &mut ClusterState, node: NodeId, free_bytes: u64) {
+        let node = state.nodes.get_mut(&node).unwrap();
+        node.pools.values_mut().next().unwrap().free_bytes = free_bytes;
+    }
+
+    fn replica_on_b(state: &mut ClusterState) -> &mut trireme_control::model::ReplicaRecord {
+        let volume = state.volumes.values_mut().next().unwrap();
+        volume
+            .replicas
+            .iter_mut()
+            .find(|replica| replica.node == NodeId(2))
+            .unwrap()
+    }
+
+    #[test]
+    fn an_outdated_replica_in_a_full_pool_is_told_apart() {
+        let mut state = outdated_replica_on_b();
+        let warnings =
+            |state: &ClusterState| resync_warnings(state.volumes.values().next().unwrap(), state);
+        let [text] = warnings(&state).try_into().unwrap();
+        assert!(!text.contains("full"), "{text}");
+        // Less free space than one report step (1/64 of the pool) is full.
+        set_free(
+            &mut state,
+            NodeId(2),
+            64 * GIB / FREE_BYTES_REPORT_SHARE - 1,
+        );
+        let [text] = warnings(&state).try_into().unwrap();
+        assert!(
+            text.contains("the replica on b is outdated and its pool default is full")
+                && text.contains("trireme volume replica remove v --node b"),
+            "{text}"
+        );
+        // While a resync runs, the warning says what will stop it.
+        replica_on_b(&mut state).sync = Some(trireme_control::model::SyncProgress {
+            done_bytes: 0,
+            total_bytes: GIB,
+            rate_bytes_per_sec: 0,
+            reported_ms: 0,
+        });
+        let [text] = warnings(&state).try_into().unwrap();
+        assert!(
+            text.contains("is syncing") && text.contains("its pool default is full"),
+            "{text}"
+        );
+        replica_on_b(&mut state).sync = None;
+        // Only the outdated replica's pool counts.
+        set_free(&mut state, NodeId(2), 64 * GIB);
+        set_free(&mut state, NodeId(1), 0);
+        let [text] = warnings(&state).try_into().unwrap();
+        assert!(!text.contains("full"), "{text}");
+    }
 }

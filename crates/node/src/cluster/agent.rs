@@ -31,7 +31,7 @@ const RESYNC_INTERVAL: Duration = Duration::from_secs(5);
 /// Report a pool's free bytes again when they moved by more than this
 /// share of its capacity (1/64 ≈ 1.6%): placement needs a rough figure,
 /// and the log should not grow with every write.
-const FREE_BYTES_REPORT_SHARE: u64 = 64;
+pub(crate) const FREE_BYTES_REPORT_SHARE: u64 = 64;
 
 pub async fn run(
     cluster: Arc<Cluster>,
