@@ -22,6 +22,17 @@ fn a_killed_secondary_resyncs_only_what_it_missed_and_failover_keeps_every_write
     wait_served(&nodes[0], "rv");
     let n1 = nodes[0].uri("rv");
 
+    // A client that asks another node is told where the volume is served
+    // (QEMU prints the server's message).
+    let elsewhere = run_fail(&mut cmd("qemu-img", &["info", &nodes[1].uri("rv")]));
+    assert!(
+        elsewhere.stderr.contains(&format!(
+            "volume 'rv' is attached on n1, not on this node (n2): connect to {n1}"
+        )),
+        "{}",
+        elsewhere.describe("qemu-img info on n2")
+    );
+
     // Written while all three are up.
     qemu_io_all(&n1, &["write -P 0x11 0 8M", "flush"]);
 

@@ -84,9 +84,12 @@ pub(crate) async fn run<R, W>(
         }
     };
     // The export may have gone between the handshake's lookup and now.
-    let Some(target) = registry.open(&negotiated.export_name) else {
-        warn!(%peer, export = %negotiated.export_name, "export vanished after the handshake");
-        return;
+    let target = match registry.open(&negotiated.export_name) {
+        Ok(target) => target,
+        Err(reason) => {
+            warn!(%peer, export = %negotiated.export_name, %reason, "export vanished after the handshake");
+            return;
+        }
     };
     debug!(%peer, export = %negotiated.export_name, structured = negotiated.structured_replies, "NBD transmission starts");
     let buffers = BufferPool::default();

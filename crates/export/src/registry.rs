@@ -7,9 +7,10 @@ use trireme_types::BlockTarget;
 
 /// The exports a node offers, by name (the node maps volume name → volume).
 pub trait ExportRegistry: Send + Sync + 'static {
-    /// The target for `name`, or `None` if no such export is offered now.
-    /// Called on the network reactor: it must not block.
-    fn open(&self, name: &str) -> Option<Arc<dyn BlockTarget>>;
+    /// The target for `name`, or why no such export is offered now: a
+    /// sentence the NBD client shows its user. Called on the network
+    /// reactor: it must not block.
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockTarget>, String>;
     /// Names listed to clients (NBD_OPT_LIST).
     fn names(&self) -> Vec<String>;
 }
@@ -18,9 +19,9 @@ pub trait ExportRegistry: Send + Sync + 'static {
 pub(crate) struct RegistryCatalog<'a>(pub(crate) &'a dyn ExportRegistry);
 
 impl ExportCatalog for RegistryCatalog<'_> {
-    fn lookup(&self, name: &str) -> Option<ExportInfo> {
+    fn lookup(&self, name: &str) -> Result<ExportInfo, String> {
         let target = self.0.open(name)?;
-        Some(ExportInfo {
+        Ok(ExportInfo {
             size_bytes: target.size_bytes(),
             read_only: target.read_only(),
         })

@@ -41,32 +41,81 @@ impl NodeExports {
     /// A volume that is not attached anywhere is served straight from its
     /// copy when that is its only replica and it lives here (no engine
     /// needed: there is nobody to replicate to). Any other volume is
-    /// served only where it is attached (`volume attach`).
-    fn servable_here(&self, name: &str) -> bool {
+    /// served only where it is attached (`volume attach`); the error says
+    /// where that is, or how to attach it.
+    fn servable_here(&self, name: &str) -> Result<(), String> {
         let Some(cluster) = self.cluster.get() else {
-            return true;
+            return Ok(());
         };
         let Ok(name) = VolumeName::new(name) else {
-            return false;
+            return Err(format!("'{name}' is not a volume name"));
         };
         let state = cluster.state.read();
         let Some(volume) = state.volumes.get(&name) else {
             // A local volume the agent has not registered yet.
-            return true;
+            return Ok(());
         };
-        let diskful: Vec<_> = volume.diskful().collect();
-        let servable = !volume.deleting
-            && volume.primaries.is_empty()
-            && diskful.len() == 1
-            && diskful[0].node == cluster.node_id();
-        if !servable {
-            tracing::warn!(
-                volume = %name,
-                replicas = diskful.len(),
-                "not served here: attach it to this node first (trireme volume attach {name} --node THIS-NODE)"
-            );
+        let me = cluster.node_id();
+        if volume.deleting {
+            return Err(format!("volume '{name}' is being deleted"));
         }
-        servable
+        if !volume.primaries.is_empty() {
+            let served: Vec<String> = volume
+                .primaries
+                .iter()
+                .map(|primary| {
+                    let node = state.nodes.get(&primary.node);
+                    match node.and_then(|node| node.nbd_address.as_ref()) {
+                        Some(address) => format!("nbd://{address}/{name}"),
+                        None => format!("node {}", state.node_name(primary.node)),
+                    }
+                })
+                .collect();
+            return Err(format!(
+                "volume '{name}' is attached on {}, not on this node ({}): connect to {}",
+                self.primaries_text(&state, volume),
+                state.node_name(me),
+                served.join(" or ")
+            ));
+        }
+        let diskful: Vec<_> = volume.diskful().collect();
+        if let [only] = diskful.as_slice() {
+            if only.node == me {
+                return Ok(());
+            }
+            if let Some(address) = state
+                .nodes
+                .get(&only.node)
+                .and_then(|node| node.nbd_address.as_ref())
+            {
+                return Err(format!(
+                    "volume '{name}' has its only replica on {}, which serves it: connect to nbd://{address}/{name}",
+                    state.node_name(only.node)
+                ));
+            }
+        }
+        tracing::warn!(
+            volume = %name,
+            replicas = diskful.len(),
+            "not served here: attach it to this node first (trireme volume attach {name} --node THIS-NODE)"
+        );
+        Err(format!(
+            "volume '{name}' is not attached: attach it where it should be served (`trireme volume attach {name} --node {}` for this node)",
+            state.node_name(me)
+        ))
+    }
+
+    fn primaries_text(
+        &self,
+        state: &trireme_control::ClusterState,
+        volume: &trireme_control::VolumeRecord,
+    ) -> String {
+        let names: Vec<String> = volume
+            .primaries
+            .iter()
+            .map(|primary| state.node_name(primary.node))
+            .collect();
+        names.join(" and ")
     }
 }
 
@@ -85,47 +134,61 @@ fn without_stalling_the_reactor<T>(work: impl FnOnce() -> T) -> T {
 impl NodeExports {
     /// `VOLUME@SNAPSHOT`: a ready snapshot whose copy is on this node,
     /// read-only.
-    fn open_snapshot(&self, volume: &str, snapshot: &str) -> Option<Arc<dyn BlockTarget>> {
-        let cluster = self.cluster.get()?;
-        let volume = VolumeName::new(volume).ok()?;
-        let (id, holders) = crate::replicated::snapshots::snapshot_holders(
-            &cluster.state.read(),
-            &volume,
-            snapshot,
-        )?;
+    fn open_snapshot(&self, volume: &str, snapshot: &str) -> Result<Arc<dyn BlockTarget>, String> {
+        let Some(cluster) = self.cluster.get() else {
+            return Err("snapshots are served once the node is part of a cluster".into());
+        };
+        let volume =
+            VolumeName::new(volume).map_err(|_| format!("'{volume}' is not a volume name"))?;
+        let state = cluster.state.read();
+        let Some((id, holders)) =
+            crate::replicated::snapshots::snapshot_holders(&state, &volume, snapshot)
+        else {
+            return Err(format!(
+                "volume '{volume}' has no ready snapshot named '{snapshot}' (see `trireme snapshot list {volume}`)"
+            ));
+        };
         if !holders.contains(&cluster.node_id()) {
             tracing::warn!(%volume, snapshot, "not served here: this node holds no copy of the snapshot");
-            return None;
+            let holders: Vec<String> = holders.iter().map(|node| state.node_name(*node)).collect();
+            return Err(format!(
+                "this node holds no copy of snapshot '{volume}@{snapshot}': connect to one that does ({})",
+                holders.join(", ")
+            ));
         }
+        drop(state);
         let view = without_stalling_the_reactor(|| self.node.open_snapshot(&volume, id));
         match view {
-            Ok(view) => Some(view),
+            Ok(view) => Ok(view),
             Err(error) => {
                 tracing::warn!(%volume, snapshot, %error, "cannot open the snapshot");
-                None
+                Err(format!(
+                    "cannot open snapshot '{volume}@{snapshot}': {error}"
+                ))
             }
         }
     }
 }
 
 impl ExportRegistry for NodeExports {
-    fn open(&self, name: &str) -> Option<Arc<dyn BlockTarget>> {
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockTarget>, String> {
         if let Some((volume, snapshot)) = name.split_once('@') {
             return self.open_snapshot(volume, snapshot);
         }
         if let Ok(volume) = VolumeName::new(name) {
             if self.replication.attached_here(&volume) == Some(true) {
-                return self.replication.target(&volume);
+                return self.replication.target(&volume).ok_or_else(|| {
+                    format!("volume '{name}' is attached here, but its replication engine is still starting: try again in a moment")
+                });
             }
         }
-        if !self.servable_here(name) {
-            return None;
-        }
+        self.servable_here(name)?;
         let volume: Arc<dyn BlockTarget> = match self.node.cached_volume(name) {
             Some(volume) => volume,
-            None => without_stalling_the_reactor(|| self.node.open_volume(name))?,
+            None => without_stalling_the_reactor(|| self.node.open_volume(name))
+                .ok_or_else(|| format!("no volume named '{name}' (see `trireme volume list`)"))?,
         };
-        Some(volume)
+        Ok(volume)
     }
 
     fn names(&self) -> Vec<String> {

@@ -12,11 +12,13 @@ use trireme_proto::nbd::{
 struct Catalog;
 
 impl ExportCatalog for Catalog {
-    fn lookup(&self, name: &str) -> Option<ExportInfo> {
-        (name == "disk").then_some(ExportInfo {
-            size_bytes: 1 << 30,
-            read_only: false,
-        })
+    fn lookup(&self, name: &str) -> Result<ExportInfo, String> {
+        (name == "disk")
+            .then_some(ExportInfo {
+                size_bytes: 1 << 30,
+                read_only: false,
+            })
+            .ok_or_else(|| format!("no export '{name}'"))
     }
     fn names(&self) -> Vec<String> {
         vec!["disk".into()]

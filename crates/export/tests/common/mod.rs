@@ -260,12 +260,12 @@ pub struct Registry {
 }
 
 impl ExportRegistry for Registry {
-    fn open(&self, name: &str) -> Option<Arc<dyn BlockTarget>> {
+    fn open(&self, name: &str) -> Result<Arc<dyn BlockTarget>, String> {
         match name {
-            "disk" => Some(self.disk.clone()),
-            "ro" => Some(self.read_only.clone()),
-            "async" => Some(self.asynchronous.clone()),
-            _ => None,
+            "disk" => Ok(self.disk.clone()),
+            "ro" => Ok(self.read_only.clone()),
+            "async" => Ok(self.asynchronous.clone()),
+            _ => Err(format!("export '{name}' is not available")),
         }
     }
     fn names(&self) -> Vec<String> {

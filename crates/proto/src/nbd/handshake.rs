@@ -46,7 +46,10 @@ impl ExportInfo {
 
 /// The exports a server offers, looked up by name.
 pub trait ExportCatalog {
-    fn lookup(&self, name: &str) -> Option<ExportInfo>;
+    /// The export `name`, or why it is not offered: a sentence for the
+    /// client's user, sent as the message of `NBD_REP_ERR_UNKNOWN` (QEMU
+    /// and libnbd show it), e.g. where the volume is served instead.
+    fn lookup(&self, name: &str) -> Result<ExportInfo, String>;
     fn names(&self) -> Vec<String>;
 }
 
@@ -286,7 +289,7 @@ impl Handshake {
         let Ok(name) = std::str::from_utf8(data) else {
             return HandshakeStep::Close(CloseReason::InvalidExportName);
         };
-        let Some(export) = catalog.lookup(name) else {
+        let Ok(export) = catalog.lookup(name) else {
             return HandshakeStep::Close(CloseReason::UnknownExport {
                 name: name.to_owned(),
             });
@@ -332,13 +335,12 @@ impl Handshake {
             );
             return None;
         };
-        let Some(export) = catalog.lookup(&name) else {
-            self.option_error(
-                option,
-                REP_ERR_UNKNOWN,
-                &format!("export '{name}' is not available"),
-            );
-            return None;
+        let export = match catalog.lookup(&name) {
+            Ok(export) => export,
+            Err(reason) => {
+                self.option_error(option, REP_ERR_UNKNOWN, &reason);
+                return None;
+            }
         };
         let mut info = Vec::with_capacity(14);
         info.extend_from_slice(&INFO_EXPORT.to_be_bytes());
@@ -386,12 +388,8 @@ impl Handshake {
             self.option_error(option, REP_ERR_INVALID, "malformed meta context request");
             return;
         };
-        if catalog.lookup(&name).is_none() {
-            self.option_error(
-                option,
-                REP_ERR_UNKNOWN,
-                &format!("export '{name}' is not available"),
-            );
+        if let Err(reason) = catalog.lookup(&name) {
+            self.option_error(option, REP_ERR_UNKNOWN, &reason);
             return;
         }
         let selects_base_allocation = if is_set {

@@ -7,17 +7,17 @@ struct Catalog;
 const DISK_SIZE: u64 = 1 << 20;
 
 impl ExportCatalog for Catalog {
-    fn lookup(&self, name: &str) -> Option<ExportInfo> {
+    fn lookup(&self, name: &str) -> Result<ExportInfo, String> {
         match name {
-            "disk" => Some(ExportInfo {
+            "disk" => Ok(ExportInfo {
                 size_bytes: DISK_SIZE,
                 read_only: false,
             }),
-            "ro" => Some(ExportInfo {
+            "ro" => Ok(ExportInfo {
                 size_bytes: 4096,
                 read_only: true,
             }),
-            _ => None,
+            _ => Err(format!("export '{name}' is not available")),
         }
     }
     fn names(&self) -> Vec<String> {
