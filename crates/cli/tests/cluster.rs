@@ -478,9 +478,40 @@ fn an_offline_node_is_evicted_only_when_switched_on() {
         joiner(&first, "e3"),
         joiner(&first, "e4"),
     ];
-    wait_settled(&first, 3, 4);
+    let settled = wait_settled(&first, 3, 4);
+    // The node that goes away is a voter (not the leader, not e1, which
+    // the test asks): its seat must go to the learner when it is evicted.
+    let names = |value: &Value| -> BTreeSet<String> {
+        value
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|name| name.as_str().unwrap().to_string())
+            .collect()
+    };
+    let voters = names(&settled["voters"]);
+    let victim = voters
+        .iter()
+        .find(|name| *name != "e1" && settled["leader"] != name.as_str())
+        .expect("a voter that is neither e1 nor the leader")
+        .clone();
+    let learner = ["e2", "e3", "e4"]
+        .into_iter()
+        .find(|name| !voters.contains(*name))
+        .expect("four nodes, three voters")
+        .to_string();
+    let victim_index = ["e2", "e3", "e4"]
+        .iter()
+        .position(|name| *name == victim)
+        .unwrap();
     let volume = first.cli_json(&[
-        "volume", "create", "pair", "--size", "16M", "--nodes", "e1,e4",
+        "volume",
+        "create",
+        "pair",
+        "--size",
+        "16M",
+        "--nodes",
+        &format!("e1,{victim}"),
     ]);
     assert_eq!(
         volume["replicas"].as_array().unwrap().len(),
@@ -488,17 +519,20 @@ fn an_offline_node_is_evicted_only_when_switched_on() {
         "two replicas and a tiebreaker: {volume:#}"
     );
 
-    // e4 goes away: offline, and with eviction off it stays that way.
-    others[2].kill9();
-    let offline = wait_until(Duration::from_secs(30), || {
+    // The victim goes away: offline, and with eviction off it stays that way.
+    others[victim_index].kill9();
+    let node_state = |name: &str| -> String {
         first
             .cli_json(&["node", "list"])
             .as_array()
             .unwrap()
             .iter()
-            .any(|node| node["name"] == "e4" && node["state"] == "offline")
-    });
-    assert!(offline, "e4 never went offline");
+            .find(|node| node["name"] == name)
+            .map(|node| node["state"].as_str().unwrap().to_string())
+            .unwrap_or_default()
+    };
+    let offline = wait_until(Duration::from_secs(30), || node_state(&victim) == "offline");
+    assert!(offline, "{victim} never went offline");
     std::thread::sleep(Duration::from_secs(3));
     let holders = |volume: &Value| -> BTreeSet<String> {
         volume["replicas"]
@@ -512,11 +546,17 @@ fn an_offline_node_is_evicted_only_when_switched_on() {
     let unchanged = first.cli_json(&["volume", "show", "pair"]);
     assert_eq!(
         holders(&unchanged),
-        BTreeSet::from(["e1".to_string(), "e4".to_string()])
+        BTreeSet::from(["e1".to_string(), victim.clone()])
+    );
+    assert_eq!(
+        names(&status(&first)["voters"]),
+        voters,
+        "a seat moved with eviction off"
     );
 
-    // Switched on with the shortest delay: e4 is evicted and its replica
-    // goes to a node without one, and is made there.
+    // Switched on with the shortest delay: the victim is evicted, its
+    // replica goes to a node without one and is made there, and its vote
+    // goes to the learner.
     first.cli(&[
         "cluster",
         "settings",
@@ -529,30 +569,32 @@ fn an_offline_node_is_evicted_only_when_switched_on() {
     let moved = wait_until(Duration::from_secs(60), || {
         last = first.cli_json(&["volume", "show", "pair"]);
         let now = holders(&last);
-        now.len() == 2 && now.contains("e1") && !now.contains("e4") && last["state"] == "ready"
+        now.len() == 2 && now.contains("e1") && !now.contains(&victim) && last["state"] == "ready"
     });
     assert!(
         moved,
-        "the replica on e4 was not re-placed: {last:#}\n{}",
+        "the replica on {victim} was not re-placed: {last:#}\n{}",
         first.log_tail()
     );
-    let e4 = first.cli_json(&["node", "list"]);
-    assert!(
-        e4.as_array()
-            .unwrap()
-            .iter()
-            .any(|node| node["name"] == "e4" && node["state"] == "evicted"),
-        "{e4:#}"
-    );
-    // Back online, e4 is online again (and holds nothing of `pair`).
-    others[2].restart();
-    let back = wait_until(Duration::from_secs(30), || {
-        first
-            .cli_json(&["node", "list"])
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|node| node["name"] == "e4" && node["state"] == "online")
+    assert_eq!(node_state(&victim), "evicted");
+    let mut screen = Value::Null;
+    let seat_moved = wait_until(Duration::from_secs(30), || {
+        screen = status(&first);
+        let now = names(&screen["voters"]);
+        now.len() == 3 && now.contains(&learner) && !now.contains(&victim)
     });
-    assert!(back, "e4 did not come back online");
+    assert!(
+        seat_moved,
+        "{victim}'s vote did not go to {learner}: {screen:#}\n{}",
+        first.log_tail()
+    );
+    // Back online, the victim is online again (and holds nothing of
+    // `pair`), as a learner.
+    others[victim_index].restart();
+    let back = wait_until(Duration::from_secs(30), || node_state(&victim) == "online");
+    assert!(back, "{victim} did not come back online");
+    assert!(
+        !names(&status(&first)["voters"]).contains(&victim),
+        "{victim} took a seat back"
+    );
 }

@@ -260,7 +260,7 @@ async fn update_liveness(cluster: &Cluster) {
 }
 
 async fn manage_membership(cluster: &Cluster) {
-    let (members, voters, nodes, online) = {
+    let (members, voters, nodes, online, evicted) = {
         let state = cluster.state.read();
         let membership = state.membership();
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
@@ -276,7 +276,13 @@ async fn manage_membership(cluster: &Cluster) {
             .filter(|node| node.state == NodeState::Online)
             .map(|node| node.id.0)
             .collect();
-        (members, voters, nodes, online)
+        let evicted: BTreeSet<u64> = state
+            .nodes
+            .values()
+            .filter(|node| node.state == NodeState::Evicted)
+            .map(|node| node.id.0)
+            .collect();
+        (members, voters, nodes, online, evicted)
     };
     let in_state: BTreeSet<u64> = nodes.iter().map(|(id, _)| *id).collect();
     // Nodes the state knows but Raft does not: new joins.
@@ -302,6 +308,19 @@ async fn manage_membership(cluster: &Cluster) {
         .filter(|id| caught_up.contains(id) && !wanted.contains(id))
         .copied()
         .collect();
+    // An evicted voter (offline past the eviction delay, with eviction on)
+    // hands its seat to an online learner, as its replicas went to other
+    // nodes: its vote only makes the majority harder to reach. Back online,
+    // it is a learner. Without a learner to take the seat it keeps it, so
+    // the number of voters stays odd.
+    let evicted_voters: Vec<u64> = wanted.intersection(&evicted).copied().collect();
+    for voter in evicted_voters {
+        let Some(successor) = candidates.pop() else {
+            break;
+        };
+        wanted.remove(&voter);
+        wanted.insert(successor);
+    }
     let mut additions = target.saturating_sub(wanted.len()).min(candidates.len());
     // An even number of voters tolerates no more failures than one fewer
     // and needs a bigger majority: add one less rather than reach it.
