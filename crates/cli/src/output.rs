@@ -223,8 +223,12 @@ pub fn format_eta(seconds: u64) -> String {
     }
 }
 
-/// `12 MiB/s, 3m20s left`: the rate and time left of a resync.
+/// `12 MiB/s, 3m20s left`: the rate and time left of a resync, or
+/// `stalled: no progress for 2m5s` when it is not running.
 pub fn sync_rate(sync: &SyncResponse) -> String {
+    if let Some(seconds) = sync.stalled_secs {
+        return format!("stalled: no progress for {}", format_eta(seconds));
+    }
     let left = match sync.eta_secs {
         Some(seconds) => format!("{} left", format_eta(seconds)),
         None => "time left unknown".to_string(),
@@ -770,6 +774,7 @@ mod tests {
             rate_bytes_per_sec: 12 << 20,
             eta_secs: Some(200),
             percent: 42,
+            stalled_secs: None,
         });
         let replicas = [replica("n1", "diskful", "ready"), outdated, syncing];
         assert_eq!(
@@ -781,6 +786,14 @@ mod tests {
             "syncing 42% (12 MiB/s, 3m20s left)"
         );
         assert_eq!(replica_state_text(&replicas[1]), "outdated");
+        let mut stalled = replicas[2].clone();
+        if let Some(sync) = stalled.sync.as_mut() {
+            (sync.stalled_secs, sync.rate_bytes_per_sec, sync.eta_secs) = (Some(125), 0, None);
+        }
+        assert_eq!(
+            replica_state_text(&stalled),
+            "syncing 42% (stalled: no progress for 2m5s)"
+        );
     }
 
     #[test]

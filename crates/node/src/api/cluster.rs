@@ -273,7 +273,7 @@ fn eta_text(seconds: u64) -> String {
 
 /// A warning per diskful replica that is not up to date: a running resync
 /// with its progress, or an outdated replica and what brings it back.
-fn resync_warnings(volume: &VolumeRecord, state: &ClusterState) -> Vec<String> {
+fn resync_warnings(volume: &VolumeRecord, state: &ClusterState, now_ms: u64) -> Vec<String> {
     let primaries: Vec<String> = volume
         .primaries
         .iter()
@@ -297,8 +297,43 @@ fn resync_warnings(volume: &VolumeRecord, state: &ClusterState) -> Vec<String> {
                     })
             });
             match &replica.sync {
+                Some(progress) if sync_response(progress, now_ms).stalled_secs.is_some() => {
+                    let sync = sync_response(progress, now_ms);
+                    let silent = eta_text(sync.stalled_secs.unwrap_or_default());
+                    let primaries_down: Vec<&String> = volume
+                        .primaries
+                        .iter()
+                        .zip(&primaries)
+                        .filter(|(primary, _)| {
+                            state
+                                .nodes
+                                .get(&primary.node)
+                                .is_none_or(|record| record.state != NodeState::Online)
+                        })
+                        .map(|(_, name)| name)
+                        .collect();
+                    let why = if let Some(pool) = full_pool {
+                        format!("its pool {pool} is full: free space in that pool")
+                    } else if primaries.is_empty() {
+                        format!(
+                            "the volume is not attached; it goes on once it is (`trireme volume attach {} --node NODE`)",
+                            volume.name
+                        )
+                    } else if let Some(primary) = primaries_down.first() {
+                        format!("its primary {primary} is offline: start it again, or attach the volume elsewhere")
+                    } else {
+                        format!(
+                            "the primary ({}) keeps trying: see its log",
+                            primaries.join(", ")
+                        )
+                    };
+                    format!(
+                        "volume {}: the resync of the replica on {node} has stalled at {}% (no progress for {silent}): {why}",
+                        volume.name, sync.percent,
+                    )
+                }
                 Some(progress) => {
-                    let sync = sync_response(progress);
+                    let sync = sync_response(progress, now_ms);
                     let eta = sync
                         .eta_secs
                         .map(|secs| format!(", about {} left", eta_text(secs)))
@@ -372,6 +407,7 @@ fn resync_warnings(volume: &VolumeRecord, state: &ClusterState) -> Vec<String> {
     responses((status = 200, description = "One screen of cluster health", body = StatusResponse)))]
 pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
     let leader = state.cluster.leader();
+    let now_ms = auth::now_ms();
     let cluster_state = state.cluster.state.read();
     let membership = cluster_state.membership();
     let voter_ids: BTreeSet<u64> = membership.voter_ids().collect();
@@ -478,7 +514,7 @@ pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
             ));
         }
         if !volume.deleting {
-            warnings.extend(resync_warnings(volume, &cluster_state));
+            warnings.extend(resync_warnings(volume, &cluster_state, now_ms));
         }
     }
     let this_node = cluster_state.node_name(state.cluster.node_id());
@@ -514,6 +550,7 @@ pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::volumes::SYNC_STALLED_AFTER_MS;
     use super::*;
     use trireme_control::{Command, NodeRegistration, PoolRecord, PoolReport};
     use trireme_types::{NodeId, VolumeName};
@@ -595,10 +632,11 @@ mod tests {
     }
 
     #[test]
-    fn an_outdated_replica_in_a_full_pool_is_told_apart() {
+    fn resync_warnings_say_what_holds_a_replica_back() {
         let mut state = outdated_replica_on_b();
-        let warnings =
-            |state: &ClusterState| resync_warnings(state.volumes.values().next().unwrap(), state);
+        let warnings = |state: &ClusterState| {
+            resync_warnings(state.volumes.values().next().unwrap(), state, 0)
+        };
         let [text] = warnings(&state).try_into().unwrap();
         assert!(!text.contains("full"), "{text}");
         // Less free space than one report step (1/64 of the pool) is full.
@@ -623,6 +661,30 @@ mod tests {
         let [text] = warnings(&state).try_into().unwrap();
         assert!(
             text.contains("is syncing") && text.contains("its pool default is full"),
+            "{text}"
+        );
+        // A record left behind by a resync that stopped reads as stalled,
+        // with the reason.
+        let stalled = resync_warnings(
+            state.volumes.values().next().unwrap(),
+            &state,
+            SYNC_STALLED_AFTER_MS + 5_000,
+        );
+        let [text] = stalled.try_into().unwrap();
+        assert!(
+            text.contains("the resync of the replica on b has stalled at 0% (no progress for 35s): its pool default is full"),
+            "{text}"
+        );
+        set_free(&mut state, NodeId(2), 64 * GIB);
+        let [text] = resync_warnings(
+            state.volumes.values().next().unwrap(),
+            &state,
+            SYNC_STALLED_AFTER_MS + 5_000,
+        )
+        .try_into()
+        .unwrap();
+        assert!(
+            text.contains("stalled") && text.contains("the volume is not attached"),
             "{text}"
         );
         replica_on_b(&mut state).sync = None;

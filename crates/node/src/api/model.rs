@@ -185,6 +185,12 @@ pub struct SyncResponse {
     pub eta_secs: Option<u64>,
     /// 0 to 100.
     pub percent: u64,
+    /// Seconds since the primary last reported progress, when that is
+    /// longer than a running resync ever stays silent: the resync is not
+    /// running (its primary is down, or each attempt fails). The rate is
+    /// then 0 and there is no time left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

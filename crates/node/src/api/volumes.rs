@@ -62,22 +62,43 @@ pub fn volume_state(volume: &VolumeRecord, state: &ClusterState) -> &'static str
 
 /// A resync's progress as the API shows it, with its percentage and the
 /// time left at the reported rate.
-pub fn sync_response(progress: &SyncProgress) -> SyncResponse {
+///
+/// A running resync reports every second (`PROGRESS_EVERY_MS`); a record
+/// older than [`SYNC_STALLED_AFTER_MS`] is what a resync left behind when it
+/// stopped (its primary died, or it failed), and shows as stalled rather
+/// than as a rate and a time left that will never come true. The margin
+/// covers commit delays and clocks a little apart between nodes.
+pub fn sync_response(progress: &SyncProgress, now_ms: u64) -> SyncResponse {
     let done = progress.done_bytes.min(progress.total_bytes);
     let percent = if progress.total_bytes == 0 {
         100
     } else {
         (u128::from(done) * 100 / u128::from(progress.total_bytes)) as u64
     };
-    let eta_secs = (progress.rate_bytes_per_sec > 0)
-        .then(|| (progress.total_bytes - done).div_ceil(progress.rate_bytes_per_sec));
+    let silent_ms = now_ms.saturating_sub(progress.reported_ms);
+    let stalled_secs = (silent_ms > SYNC_STALLED_AFTER_MS).then_some(silent_ms / 1000);
+    let rate_bytes_per_sec = if stalled_secs.is_some() {
+        0
+    } else {
+        progress.rate_bytes_per_sec
+    };
+    let eta_secs = (rate_bytes_per_sec > 0)
+        .then(|| (progress.total_bytes - done).div_ceil(rate_bytes_per_sec));
     SyncResponse {
         done_bytes: progress.done_bytes,
         total_bytes: progress.total_bytes,
-        rate_bytes_per_sec: progress.rate_bytes_per_sec,
+        rate_bytes_per_sec,
         eta_secs,
         percent,
+        stalled_secs,
     }
+}
+
+/// See [`sync_response`].
+pub const SYNC_STALLED_AFTER_MS: u64 = 30_000;
+
+fn sync_percent(progress: &SyncProgress) -> u64 {
+    sync_response(progress, progress.reported_ms).percent
 }
 
 /// What a replica is to the volume's data: `primary`, `up-to-date`,
@@ -90,7 +111,7 @@ pub fn replica_state(volume: &VolumeRecord, replica: &ReplicaRecord) -> String {
         ReplicaKind::Tiebreaker => Some("tiebreaker".to_string()),
         ReplicaKind::Diskful if volume.is_in_sync(replica.node) => None,
         ReplicaKind::Diskful => Some(match &replica.sync {
-            Some(progress) => format!("syncing {}%", sync_response(progress).percent),
+            Some(progress) => format!("syncing {}%", sync_percent(progress)),
             None => "outdated".to_string(),
         }),
     };
@@ -121,6 +142,7 @@ pub(super) fn node_named(state: &ClusterState, name: &str) -> Result<NodeId, Api
 impl ApiState {
     pub(super) async fn volume_response(&self, record: &VolumeRecord) -> VolumeResponse {
         let me = self.cluster.node_id();
+        let now_ms = auth::now_ms();
         let local = match record.replica(me) {
             Some(replica) if replica.kind == ReplicaKind::Diskful => {
                 let name = record.name.clone();
@@ -218,7 +240,7 @@ impl ApiState {
                             .sync
                             .as_ref()
                             .filter(|_| !in_sync)
-                            .map(sync_response),
+                            .map(|progress| sync_response(progress, now_ms)),
                     }
                 })
                 .collect(),
