@@ -23,6 +23,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
 cmdline="bench/run.sh $*"
 quick=0
 build=1
@@ -30,7 +32,7 @@ for a in "$@"; do
     case "$a" in
         --quick) quick=1 ;;
         --no-build) build=0 ;;
-        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        -h|--help) usage "$0"; exit 0 ;;
         *) echo "unknown argument: $a" >&2; exit 2 ;;
     esac
 done
@@ -246,8 +248,7 @@ for target in $TARGETS; do
 done
 
 log "writing $OUT"
-disk=$(df --output=source "$SCRATCH" | tail -1)
-diskinfo="$disk ($fstype), $(lsblk -dno SIZE,ROTA,MODEL "$disk" 2>/dev/null | awk '{printf "size %s, rotational=%s, model %s", $1, $2, ($3 == "" ? "n/a" : $3)}')"
+diskinfo=$(disk_info "$SCRATCH" "$fstype")
 export B_LOAD="load average at start $load_start, at end $(cut -d' ' -f1-3 /proc/loadavg)"
 export B_DIRTY="$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
 export B_TARGETS="$TARGETS" B_JOBS="$JOBS" B_REPO="$repo" B_CMD="$envline $cmdline" B_DISK="$diskinfo" \

@@ -23,6 +23,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
 cmdline="bench/snapshots.sh $*"
 quick=0
 build=1
@@ -30,7 +32,7 @@ for a in "$@"; do
     case "$a" in
         --quick) quick=1 ;;
         --no-build) build=0 ;;
-        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        -h|--help) usage "$0"; exit 0 ;;
         *) echo "unknown argument: $a" >&2; exit 2 ;;
     esac
 done
