@@ -73,7 +73,7 @@ impl NodeExports {
                 .collect();
             return Err(format!(
                 "volume '{name}' is attached on {}, not on this node ({}): connect to {}",
-                self.primaries_text(&state, volume),
+                primaries_text(&state, volume),
                 state.node_name(me),
                 served.join(" or ")
             ));
@@ -104,19 +104,19 @@ impl NodeExports {
             state.node_name(me)
         ))
     }
+}
 
-    fn primaries_text(
-        &self,
-        state: &trireme_control::ClusterState,
-        volume: &trireme_control::VolumeRecord,
-    ) -> String {
-        let names: Vec<String> = volume
-            .primaries
-            .iter()
-            .map(|primary| state.node_name(primary.node))
-            .collect();
-        names.join(" and ")
-    }
+/// `n1` or `n1 and n2`: where a volume is attached.
+fn primaries_text(
+    state: &trireme_control::ClusterState,
+    volume: &trireme_control::VolumeRecord,
+) -> String {
+    let names: Vec<String> = volume
+        .primaries
+        .iter()
+        .map(|primary| state.node_name(primary.node))
+        .collect();
+    names.join(" and ")
 }
 
 /// The server calls the registry on the network reactor. A cached volume
