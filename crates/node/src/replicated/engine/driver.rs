@@ -28,6 +28,10 @@ const RECONNECT_DELAY: Duration = Duration::from_millis(500);
 /// A link that keeps failing (a node down, a replica not created yet) is
 /// retried ever less often, up to this.
 const RECONNECT_DELAY_MAX: Duration = Duration::from_secs(4);
+/// A link the engine closes because the replica failed what it was sent
+/// (a full pool, a failing disk) comes up again at once and fails the same
+/// way: its retries slow down up to this, until the replica is in sync.
+const FAILED_REPLICA_DELAY_MAX: Duration = Duration::from_secs(16);
 /// Inputs and actions carried out in one round before the driver lets go
 /// of its lock; a stop that never comes is a bug, not a hang.
 const ROUND_LIMIT: usize = 1_000_000;
@@ -98,6 +102,9 @@ pub(super) struct Driver {
     /// The next reconnect delay per peer: doubled on each failure, reset
     /// when a link comes up.
     reconnect_delays: BTreeMap<NodeId, Duration>,
+    /// The next delay per peer after the engine closed its link: doubled
+    /// each time, forgotten when the peer is marked in sync.
+    failed_replica_delays: BTreeMap<NodeId, Duration>,
     /// The end of the last verify already logged.
     verify_logged: Option<u64>,
     /// Counters already logged.
@@ -128,6 +135,7 @@ impl Driver {
             stopping: false,
             joining: BTreeMap::new(),
             reconnect_delays: BTreeMap::new(),
+            failed_replica_delays: BTreeMap::new(),
             verify_logged: None,
             logged: Default::default(),
             snapshot_waiters: BTreeMap::new(),
@@ -224,6 +232,7 @@ impl Driver {
             Input::Proposal(id, result) => {
                 if let Some(node) = self.joining.remove(&id) {
                     if result == ProposalResult::Committed {
+                        self.failed_replica_delays.remove(&node);
                         let total = self.primary.counters.resynced_bytes;
                         tracing::info!(
                             volume = %self.volume,
@@ -254,6 +263,24 @@ impl Driver {
             .unwrap_or(RECONNECT_DELAY);
         self.reconnect_delays
             .insert(node, (delay * 2).min(RECONNECT_DELAY_MAX));
+        self.reconnect_in(node, epoch, delay);
+    }
+
+    /// After the engine closed the link to `node` (`Reset`, or the local
+    /// replica refused): the link itself works, so the delay that restarts
+    /// at every link up would retry a failing replica twice a second.
+    fn reconnect_failed_replica(&mut self, node: NodeId, epoch: u64) {
+        let delay = self
+            .failed_replica_delays
+            .get(&node)
+            .copied()
+            .unwrap_or(RECONNECT_DELAY);
+        self.failed_replica_delays
+            .insert(node, (delay * 2).min(FAILED_REPLICA_DELAY_MAX));
+        self.reconnect_in(node, epoch, delay);
+    }
+
+    fn reconnect_in(&self, node: NodeId, epoch: u64, delay: Duration) {
         let core = self.core.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
@@ -371,7 +398,7 @@ impl Driver {
                     self.staged.remove(&to);
                     let now = self.now();
                     self.primary.link_down(to, now);
-                    self.schedule_reconnect(to, epoch);
+                    self.reconnect_failed_replica(to, epoch);
                 }
             }
             Action::Complete { op, result } => {
@@ -434,7 +461,7 @@ impl Driver {
                 slot.epoch += 1;
                 let epoch = slot.epoch;
                 self.primary.link_down(to, now);
-                self.schedule_reconnect(to, epoch);
+                self.reconnect_failed_replica(to, epoch);
             }
         }
     }
