@@ -13,8 +13,11 @@ use trireme_sim::{run_replication_sim, ReplicationSimConfig, ReplicationSimRepor
 /// Seeds per run by default: well under a minute on two cores in the dev
 /// profile. `sim-replication` runs thousands in release.
 const DEFAULT_SEEDS: u64 = 600;
-/// Seeds that once failed, run with every default batch: a snapshot taken on a member that lacked regions, and a flush that made one forget them.
-const FOUND_SEEDS: &[u64] = &[105499, 112083, 113575, 115878, 209760];
+/// Seeds that once failed, run with every default batch: a snapshot taken
+/// on a member that lacked regions, a flush that made one forget them, and
+/// (1011911) a snapshot that waited forever for a member outdated while
+/// still linked to answer failed writes.
+const FOUND_SEEDS: &[u64] = &[105499, 112083, 113575, 115878, 209760, 1011911];
 
 fn env_u64(name: &str) -> Option<u64> {
     let text = std::env::var(name).ok()?;

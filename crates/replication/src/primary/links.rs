@@ -401,7 +401,8 @@ impl Primary {
         for (_, regions) in &member.flushing {
             backlog.add_set(regions);
         }
-        if member.is_up() {
+        let was_up = member.is_up();
+        if was_up {
             // Still linked (outdated for a disk error or a timeout): it
             // reconnects and resyncs.
             self.actions.push(Action::Reset { to: node });
@@ -414,6 +415,16 @@ impl Primary {
         member.map_since = Some(since);
         let map = backlog.to_map(since);
         member.sync = Sync::Outdated { backlog };
+        if was_up {
+            // As when a link drops (`lose_link`, which the link already
+            // marked down here skips): failed writes it had not answered
+            // are in its backlog now, and must not hold back `settled` and
+            // snapshots until an answer that the reset link never brings.
+            self.failed_in_flight.retain(|_, waiting| {
+                waiting.remove(&node);
+                !waiting.is_empty()
+            });
+        }
         let token = self.persist_next;
         self.persist_next += 1;
         self.actions.push(Action::PersistDirty {
