@@ -1231,3 +1231,49 @@ fn a_member_that_lost_regions_keeps_reporting_them() {
         world.done.get(&2)
     );
 }
+
+/// Writes failed for want of a quorum while two members, slow but still
+/// linked, had not answered them. The control plane then outdated those
+/// members, and the engine reset their links itself; the failed writes
+/// kept waiting for answers that the reset links would never bring, and
+/// the next snapshot barrier (and every write queued behind it) waited for
+/// them for good. (sim-replication seed 1011911.)
+#[test]
+fn a_member_outdated_while_linked_does_not_hold_back_a_snapshot() {
+    let mut world = World::build_with(
+        view(2, &[1, 2, 3]),
+        BTreeMap::new(),
+        replicas_at(1),
+        NoQuorumPolicy::IoError,
+    );
+    world.tick(1_000);
+    assert!(world.engine.is_serving());
+    world.replicas.get_mut(&NodeId(2)).unwrap().hold = true;
+    world.replicas.get_mut(&NodeId(3)).unwrap().hold = true;
+    world.outdate = Answer::Hold;
+    world.write(1, 2 << 20, 7, false);
+    world.tick(9_000);
+    assert!(matches!(world.done.get(&1), Some(Err(ClientError::Io(_)))));
+    assert!(
+        world.replicas[&NodeId(2)].link.is_some() && world.replicas[&NodeId(3)].link.is_some(),
+        "both still linked when they are outdated"
+    );
+    world.answer_held();
+    world.release(NodeId(2));
+    world.release(NodeId(3));
+    world.engine.take_snapshot(SnapshotId(1), world.now);
+    // Sent at once to the primary's replica alone (the others are being
+    // resynced), the barrier ends, with or without a quorum, within
+    // NO_QUORUM_FAIL_MS.
+    world.tick(10_000);
+    assert!(
+        world.snapshots.contains_key(&SnapshotId(1)),
+        "the snapshot still waits; states {} {} {}",
+        world.state(1),
+        world.state(2),
+        world.state(3)
+    );
+    world.write(2, 0, 8, false);
+    world.tick(1_000);
+    assert_eq!(world.done.get(&2), Some(&Ok(Completion::Done)));
+}
