@@ -7,13 +7,14 @@ use axum::http::StatusCode;
 use axum::Json;
 use std::collections::BTreeSet;
 use trireme_control::{
-    ClusterState, Command, NodeState, QuorumPolicy, ReplicaObserved, ResourceGroup, VolumeRecord,
+    ClusterState, Command, NodeState, PoolRecord, QuorumPolicy, ReplicaObserved, ResourceGroup,
+    VolumeRecord,
 };
 use trireme_types::{format_size, DeviceClass, GroupName, NodeName, PoolName};
 
 use super::model::{
     CountBy, ErrorBody, GroupBody, JoinTokenResponse, NodeEntry, SettingsBody, StatusResponse,
-    VolumeCounts,
+    SyncResponse, VolumeCounts,
 };
 use super::volumes::{sync_response, volume_state};
 use super::{ApiError, ApiJson, ApiState};
@@ -274,133 +275,177 @@ fn eta_text(seconds: u64) -> String {
 /// A warning per diskful replica that is not up to date: a running resync
 /// with its progress, or an outdated replica and what brings it back.
 fn resync_warnings(volume: &VolumeRecord, state: &ClusterState, now_ms: u64) -> Vec<String> {
-    let primaries: Vec<String> = volume
-        .primaries
-        .iter()
-        .map(|primary| state.node_name(primary.node))
-        .collect();
     volume
         .diskful()
         .filter(|replica| !volume.is_in_sync(replica.node))
         .map(|replica| {
-            let node = state.node_name(replica.node);
-            // Free space is reported in steps of 1/64 of the pool: below
-            // one step, it counts as full.
-            let full_pool = replica.pool.as_ref().filter(|pool| {
-                state
+            let behind = Behind {
+                volume,
+                state,
+                node: state.node_name(replica.node),
+                primaries: volume
+                    .primaries
+                    .iter()
+                    .map(|primary| state.node_name(primary.node))
+                    .collect(),
+                pool: replica.pool.as_ref().and_then(|pool| {
+                    let record = state.nodes.get(&replica.node)?.pools.get(pool)?;
+                    Some((pool, record))
+                }),
+                node_offline: state
                     .nodes
                     .get(&replica.node)
-                    .and_then(|record| record.pools.get(*pool))
-                    .is_some_and(|record| {
-                        record.online
-                            && record.free_bytes < record.capacity_bytes / FREE_BYTES_REPORT_SHARE
-                    })
-            });
+                    .is_some_and(|record| record.state != NodeState::Online),
+            };
             match &replica.sync {
-                Some(progress) if sync_response(progress, now_ms).stalled_secs.is_some() => {
-                    let sync = sync_response(progress, now_ms);
-                    let silent = eta_text(sync.stalled_secs.unwrap_or_default());
-                    let primaries_down: Vec<&String> = volume
-                        .primaries
-                        .iter()
-                        .zip(&primaries)
-                        .filter(|(primary, _)| {
-                            state
-                                .nodes
-                                .get(&primary.node)
-                                .is_none_or(|record| record.state != NodeState::Online)
-                        })
-                        .map(|(_, name)| name)
-                        .collect();
-                    let why = if let Some(pool) = full_pool {
-                        format!("its pool {pool} is full: free space in that pool")
-                    } else if primaries.is_empty() {
-                        format!(
-                            "the volume is not attached; it goes on once it is (`trireme volume attach {} --node NODE`)",
-                            volume.name
-                        )
-                    } else if let Some(primary) = primaries_down.first() {
-                        format!("its primary {primary} is offline: start it again, or attach the volume elsewhere")
-                    } else {
-                        format!(
-                            "the primary ({}) keeps trying: see its log",
-                            primaries.join(", ")
-                        )
-                    };
-                    format!(
-                        "volume {}: the resync of the replica on {node} has stalled at {}% (no progress for {silent}): {why}",
-                        volume.name, sync.percent,
-                    )
-                }
                 Some(progress) => {
                     let sync = sync_response(progress, now_ms);
-                    let eta = sync
-                        .eta_secs
-                        .map(|secs| format!(", about {} left", eta_text(secs)))
-                        .unwrap_or_default();
-                    let full = full_pool
-                        .map(|pool| {
-                            format!(
-                                "; its pool {pool} is full, which stops the resync at the first chunk it must allocate: free space in that pool"
-                            )
-                        })
-                        .unwrap_or_default();
-                    format!(
-                        "volume {}: the replica on {node} is syncing: {}% ({} of {}) at {}/s{eta}{full}",
-                        volume.name,
-                        sync.percent,
-                        format_size(sync.done_bytes),
-                        format_size(sync.total_bytes),
-                        format_size(sync.rate_bytes_per_sec),
-                    )
-                }
-                None => {
-                    let offline = state
-                        .nodes
-                        .get(&replica.node)
-                        .is_some_and(|record| record.state != NodeState::Online);
-                    let failed_pool = replica.pool.as_ref().filter(|pool| {
-                        state
-                            .nodes
-                            .get(&replica.node)
-                            .and_then(|record| record.pools.get(*pool))
-                            .is_some_and(|record| !record.online)
-                    });
-                    if let (Some(pool), false) = (full_pool, offline) {
-                        return format!(
-                            "volume {}: the replica on {node} is outdated and its pool {pool} is full, so a resync fails as its writes did: free space in that pool (delete volumes or snapshots there), or move the replica (`trireme volume replica add {}`, then `trireme volume replica remove {} --node {node}`)",
-                            volume.name, volume.name, volume.name
-                        );
+                    match sync.stalled_secs {
+                        Some(silent) => behind.stalled(&sync, silent),
+                        None => behind.syncing(&sync),
                     }
-                    if let (Some(pool), false) = (failed_pool, offline) {
-                        return format!(
-                            "volume {}: the replica on {node} is outdated and its pool {pool} is offline (device errors): replace the disk and restart {node}, or move the replica (`trireme volume replica add {}`, then `trireme volume replica remove {} --node {node}`)",
-                            volume.name, volume.name, volume.name
-                        );
-                    }
-                    let action = match (primaries.is_empty(), offline) {
-                        (_, true) => format!(
-                            "start {node} again, or replace the replica (`trireme volume replica add {}`, then `trireme volume replica remove {} --node {node}`)",
-                            volume.name, volume.name
-                        ),
-                        (true, false) => format!(
-                            "it is resynced once the volume is attached (`trireme volume attach {} --node NODE`)",
-                            volume.name
-                        ),
-                        (false, false) => format!(
-                            "the primary ({}) resyncs it once it reaches {node}",
-                            primaries.join(", ")
-                        ),
-                    };
-                    format!(
-                        "volume {}: the replica on {node} is outdated{}: {action}",
-                        volume.name,
-                        if offline { " and its node is offline" } else { "" }
-                    )
                 }
+                None => behind.outdated(),
             }
         })
         .collect()
+}
+
+/// A diskful replica outside the in-sync set, for its `status` warning.
+struct Behind<'a> {
+    volume: &'a VolumeRecord,
+    state: &'a ClusterState,
+    node: String,
+    primaries: Vec<String>,
+    /// Its pool, as the node last reported it.
+    pool: Option<(&'a PoolName, &'a PoolRecord)>,
+    node_offline: bool,
+}
+
+impl Behind<'_> {
+    /// Its pool, when that is full: free space is reported in steps of
+    /// 1/64 of the pool, and below one step it counts as full.
+    fn full_pool(&self) -> Option<&PoolName> {
+        self.pool
+            .filter(|(_, record)| {
+                record.online && record.free_bytes < record.capacity_bytes / FREE_BYTES_REPORT_SHARE
+            })
+            .map(|(name, _)| name)
+    }
+
+    fn failed_pool(&self) -> Option<&PoolName> {
+        self.pool
+            .filter(|(_, record)| !record.online)
+            .map(|(name, _)| name)
+    }
+
+    fn move_hint(&self) -> String {
+        let (volume, node) = (&self.volume.name, &self.node);
+        format!(
+            "move the replica (`trireme volume replica add {volume}`, then `trireme volume replica remove {volume} --node {node}`)"
+        )
+    }
+
+    fn stalled(&self, sync: &SyncResponse, silent_secs: u64) -> String {
+        let primary_down = self
+            .volume
+            .primaries
+            .iter()
+            .zip(&self.primaries)
+            .find(|(primary, _)| {
+                self.state
+                    .nodes
+                    .get(&primary.node)
+                    .is_none_or(|record| record.state != NodeState::Online)
+            })
+            .map(|(_, name)| name);
+        let why = if let Some(pool) = self.full_pool() {
+            format!("its pool {pool} is full: free space in that pool")
+        } else if self.primaries.is_empty() {
+            format!(
+                "the volume is not attached; it goes on once it is (`trireme volume attach {} --node NODE`)",
+                self.volume.name
+            )
+        } else if let Some(primary) = primary_down {
+            format!(
+                "its primary {primary} is offline: start it again, or attach the volume elsewhere"
+            )
+        } else {
+            format!(
+                "the primary ({}) keeps trying: see its log",
+                self.primaries.join(", ")
+            )
+        };
+        format!(
+            "volume {}: the resync of the replica on {} has stalled at {}% (no progress for {}): {why}",
+            self.volume.name,
+            self.node,
+            sync.percent,
+            eta_text(silent_secs)
+        )
+    }
+
+    fn syncing(&self, sync: &SyncResponse) -> String {
+        let eta = sync
+            .eta_secs
+            .map(|secs| format!(", about {} left", eta_text(secs)))
+            .unwrap_or_default();
+        let full = self
+            .full_pool()
+            .map(|pool| {
+                format!(
+                    "; its pool {pool} is full, which stops the resync at the first chunk it must allocate: free space in that pool"
+                )
+            })
+            .unwrap_or_default();
+        format!(
+            "volume {}: the replica on {} is syncing: {}% ({} of {}) at {}/s{eta}{full}",
+            self.volume.name,
+            self.node,
+            sync.percent,
+            format_size(sync.done_bytes),
+            format_size(sync.total_bytes),
+            format_size(sync.rate_bytes_per_sec),
+        )
+    }
+
+    fn outdated(&self) -> String {
+        let (volume, node) = (&self.volume.name, &self.node);
+        if !self.node_offline {
+            if let Some(pool) = self.full_pool() {
+                return format!(
+                    "volume {volume}: the replica on {node} is outdated and its pool {pool} is full, so a resync fails as its writes did: free space in that pool (delete volumes or snapshots there), or {}",
+                    self.move_hint()
+                );
+            }
+            if let Some(pool) = self.failed_pool() {
+                return format!(
+                    "volume {volume}: the replica on {node} is outdated and its pool {pool} is offline (device errors): replace the disk and restart {node}, or {}",
+                    self.move_hint()
+                );
+            }
+        }
+        let action = match (self.primaries.is_empty(), self.node_offline) {
+            (_, true) => format!(
+                "start {node} again, or replace the replica (`trireme volume replica add {volume}`, then `trireme volume replica remove {volume} --node {node}`)"
+            ),
+            (true, false) => format!(
+                "it is resynced once the volume is attached (`trireme volume attach {volume} --node NODE`)"
+            ),
+            (false, false) => format!(
+                "the primary ({}) resyncs it once it reaches {node}",
+                self.primaries.join(", ")
+            ),
+        };
+        format!(
+            "volume {volume}: the replica on {node} is outdated{}: {action}",
+            if self.node_offline {
+                " and its node is offline"
+            } else {
+                ""
+            }
+        )
+    }
 }
 
 #[utoipa::path(get, path = "/api/v1/status", tag = "cluster",
