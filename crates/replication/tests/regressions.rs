@@ -875,8 +875,10 @@ fn only_a_flush_acknowledgement_settles_its_regions() {
 /// used to count as settled: the next messages told those members to forget
 /// it, and a later primary never reconciled its region, so the members that
 /// applied it kept data the others lack.
-#[test]
-fn a_failed_write_some_members_applied_stays_unsettled() {
+/// Members 2 and 3 stop answering (still linked), their outdating waits,
+/// and a write at 2 MiB that only the primary's replica applied fails for
+/// want of a quorum (op 1).
+fn failed_for_want_of_quorum() -> World {
     let mut world = World::build_with(
         view(2, &[1, 2, 3]),
         BTreeMap::new(),
@@ -885,13 +887,18 @@ fn a_failed_write_some_members_applied_stays_unsettled() {
     );
     world.tick(1_000);
     assert!(world.engine.is_serving());
-    // Members 2 and 3 stop answering; only the primary's replica applies.
     world.replicas.get_mut(&NodeId(2)).unwrap().hold = true;
     world.replicas.get_mut(&NodeId(3)).unwrap().hold = true;
     world.outdate = Answer::Hold;
     world.write(1, 2 << 20, 7, false);
     world.tick(9_000);
     assert!(matches!(world.done.get(&1), Some(Err(ClientError::Io(_)))));
+    world
+}
+
+#[test]
+fn a_failed_write_some_members_applied_stays_unsettled() {
+    let mut world = failed_for_want_of_quorum();
     let failed = world
         .sent
         .iter()
@@ -1240,20 +1247,7 @@ fn a_member_that_lost_regions_keeps_reporting_them() {
 /// them for good. (sim-replication seed 1011911.)
 #[test]
 fn a_member_outdated_while_linked_does_not_hold_back_a_snapshot() {
-    let mut world = World::build_with(
-        view(2, &[1, 2, 3]),
-        BTreeMap::new(),
-        replicas_at(1),
-        NoQuorumPolicy::IoError,
-    );
-    world.tick(1_000);
-    assert!(world.engine.is_serving());
-    world.replicas.get_mut(&NodeId(2)).unwrap().hold = true;
-    world.replicas.get_mut(&NodeId(3)).unwrap().hold = true;
-    world.outdate = Answer::Hold;
-    world.write(1, 2 << 20, 7, false);
-    world.tick(9_000);
-    assert!(matches!(world.done.get(&1), Some(Err(ClientError::Io(_)))));
+    let mut world = failed_for_want_of_quorum();
     assert!(
         world.replicas[&NodeId(2)].link.is_some() && world.replicas[&NodeId(3)].link.is_some(),
         "both still linked when they are outdated"

@@ -597,7 +597,7 @@ pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
 mod tests {
     use super::super::volumes::SYNC_STALLED_AFTER_MS;
     use super::*;
-    use trireme_control::{Command, NodeRegistration, PoolRecord, PoolReport};
+    use trireme_control::{Command, PoolRecord, PoolReport};
     use trireme_types::{NodeId, VolumeName};
 
     const GIB: u64 = 1 << 30;
@@ -605,29 +605,7 @@ mod tests {
     /// Two nodes with a 64 GiB pool each, and a volume `v` on both; the
     /// replica on `b` is outdated.
     fn outdated_replica_on_b() -> ClusterState {
-        let mut state = ClusterState::default();
-        let registration = |name: &str| NodeRegistration {
-            name: NodeName::new(name).unwrap(),
-            api_address: "127.0.0.1:9".into(),
-            nbd_address: None,
-            data_address: None,
-            labels: Default::default(),
-        };
-        state
-            .apply(Command::Bootstrap {
-                cluster_id: "c".into(),
-                join_secret: "s".into(),
-                node: registration("a"),
-                now_ms: 0,
-            })
-            .unwrap();
-        state
-            .apply(Command::AddNode {
-                node: registration("b"),
-                nonce: "n".into(),
-                now_ms: 0,
-            })
-            .unwrap();
+        let mut state = crate::cluster::test_state::two_nodes();
         for node in [NodeId(1), NodeId(2)] {
             state
                 .apply(Command::ReportPools {

@@ -270,18 +270,16 @@ async fn manage_membership(cluster: &Cluster) {
             .values()
             .map(|node| (node.id.0, node.api_address.clone()))
             .collect();
-        let online: BTreeSet<u64> = state
-            .nodes
-            .values()
-            .filter(|node| node.state == NodeState::Online)
-            .map(|node| node.id.0)
-            .collect();
-        let evicted: BTreeSet<u64> = state
-            .nodes
-            .values()
-            .filter(|node| node.state == NodeState::Evicted)
-            .map(|node| node.id.0)
-            .collect();
+        let in_state_of = |wanted: NodeState| -> BTreeSet<u64> {
+            state
+                .nodes
+                .values()
+                .filter(|node| node.state == wanted)
+                .map(|node| node.id.0)
+                .collect()
+        };
+        let online = in_state_of(NodeState::Online);
+        let evicted = in_state_of(NodeState::Evicted);
         (members, voters, nodes, online, evicted)
     };
     let in_state: BTreeSet<u64> = nodes.iter().map(|(id, _)| *id).collect();
@@ -363,8 +361,7 @@ fn caught_up_learners(cluster: &Cluster) -> BTreeSet<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use trireme_control::{Command, NodeRegistration};
-    use trireme_types::NodeName;
+    use trireme_control::Command;
 
     const HOUR_MS: u64 = 3_600_000;
 
@@ -380,29 +377,7 @@ mod tests {
     }
 
     fn two_nodes() -> trireme_control::ClusterState {
-        let mut state = trireme_control::ClusterState::default();
-        let registration = |name: &str| NodeRegistration {
-            name: NodeName::new(name).unwrap(),
-            api_address: "127.0.0.1:9".into(),
-            nbd_address: None,
-            data_address: None,
-            labels: Default::default(),
-        };
-        state
-            .apply(Command::Bootstrap {
-                cluster_id: "c".into(),
-                join_secret: "s".into(),
-                node: registration("a"),
-                now_ms: 0,
-            })
-            .unwrap();
-        state
-            .apply(Command::AddNode {
-                node: registration("b"),
-                nonce: "n".into(),
-                now_ms: 0,
-            })
-            .unwrap();
+        let mut state = crate::cluster::test_state::two_nodes();
         state.settings.eviction_enabled = true;
         state.settings.eviction_delay_secs = 3600;
         state

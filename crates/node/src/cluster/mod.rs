@@ -17,6 +17,8 @@ pub mod internal;
 pub mod leader;
 pub mod peer;
 pub mod start;
+#[cfg(test)]
+pub(crate) mod test_state;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -36,6 +36,14 @@ const FAILED_REPLICA_DELAY_MAX: Duration = Duration::from_secs(16);
 /// of its lock; a stop that never comes is a bug, not a hang.
 const ROUND_LIMIT: usize = 1_000_000;
 
+/// The delay to wait now before reconnecting `node`, from `delays`; the
+/// next one doubles, up to `max`.
+fn back_off(delays: &mut BTreeMap<NodeId, Duration>, node: NodeId, max: Duration) -> Duration {
+    let delay = delays.get(&node).copied().unwrap_or(RECONNECT_DELAY);
+    delays.insert(node, (delay * 2).min(max));
+    delay
+}
+
 /// Where a link's messages go: a peer's socket, or this node's own copy,
 /// in-process.
 pub(crate) enum LinkSender {
@@ -256,13 +264,7 @@ impl Driver {
     }
 
     fn schedule_reconnect(&mut self, node: NodeId, epoch: u64) {
-        let delay = self
-            .reconnect_delays
-            .get(&node)
-            .copied()
-            .unwrap_or(RECONNECT_DELAY);
-        self.reconnect_delays
-            .insert(node, (delay * 2).min(RECONNECT_DELAY_MAX));
+        let delay = back_off(&mut self.reconnect_delays, node, RECONNECT_DELAY_MAX);
         self.reconnect_in(node, epoch, delay);
     }
 
@@ -270,13 +272,11 @@ impl Driver {
     /// replica refused): the link itself works, so the delay that restarts
     /// at every link up would retry a failing replica twice a second.
     fn reconnect_failed_replica(&mut self, node: NodeId, epoch: u64) {
-        let delay = self
-            .failed_replica_delays
-            .get(&node)
-            .copied()
-            .unwrap_or(RECONNECT_DELAY);
-        self.failed_replica_delays
-            .insert(node, (delay * 2).min(FAILED_REPLICA_DELAY_MAX));
+        let delay = back_off(
+            &mut self.failed_replica_delays,
+            node,
+            FAILED_REPLICA_DELAY_MAX,
+        );
         self.reconnect_in(node, epoch, delay);
     }
 
