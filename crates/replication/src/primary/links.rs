@@ -417,13 +417,9 @@ impl Primary {
         member.sync = Sync::Outdated { backlog };
         if was_up {
             // As when a link drops (`lose_link`, which the link already
-            // marked down here skips): failed writes it had not answered
-            // are in its backlog now, and must not hold back `settled` and
-            // snapshots until an answer that the reset link never brings.
-            self.failed_in_flight.retain(|_, waiting| {
-                waiting.remove(&node);
-                !waiting.is_empty()
-            });
+            // marked down here skips): the answers the reset link never
+            // brings must not hold back `settled` and snapshots.
+            self.stop_waiting_for(node);
         }
         let token = self.persist_next;
         self.persist_next += 1;
@@ -442,11 +438,22 @@ impl Primary {
         self.set_local_readable_from_state();
     }
 
+    /// Failed writes `node` had not answered: its copy of their regions is
+    /// in its backlog now, or another primary's business (it resyncs them,
+    /// or they are reported unsettled by it).
+    fn stop_waiting_for(&mut self, node: NodeId) {
+        self.failed_in_flight.retain(|_, waiting| {
+            waiting.remove(&node);
+            !waiting.is_empty()
+        });
+    }
+
     pub(super) fn lose_link(&mut self, node: NodeId) {
-        let Some(member) = self.members.get_mut(&node) else {
-            return;
-        };
-        if matches!(member.link, Link::Down) {
+        if self
+            .members
+            .get(&node)
+            .is_none_or(|member| matches!(member.link, Link::Down))
+        {
             return;
         }
         // What it acknowledged of the writes still pending is not flushed
@@ -455,13 +462,8 @@ impl Primary {
         for write in self.writes.values_mut() {
             write.acked.remove(&node);
         }
-        // Failed writes it had not answered: its copy of their regions is
-        // another primary's business now (it resyncs them, or they are
-        // reported unsettled by it).
-        self.failed_in_flight.retain(|_, waiting| {
-            waiting.remove(&node);
-            !waiting.is_empty()
-        });
+        self.stop_waiting_for(node);
+        let member = self.members.get_mut(&node).expect("checked");
         member.link = Link::Down;
         let unacked = std::mem::take(&mut member.unacked);
         member.unacked_bytes = 0;
