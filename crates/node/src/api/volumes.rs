@@ -70,11 +70,6 @@ pub fn volume_state(volume: &VolumeRecord, state: &ClusterState) -> &'static str
 /// covers commit delays and clocks a little apart between nodes.
 pub fn sync_response(progress: &SyncProgress, now_ms: u64) -> SyncResponse {
     let done = progress.done_bytes.min(progress.total_bytes);
-    let percent = if progress.total_bytes == 0 {
-        100
-    } else {
-        (u128::from(done) * 100 / u128::from(progress.total_bytes)) as u64
-    };
     let silent_ms = now_ms.saturating_sub(progress.reported_ms);
     let stalled_secs = (silent_ms > SYNC_STALLED_AFTER_MS).then_some(silent_ms / 1000);
     let rate_bytes_per_sec = if stalled_secs.is_some() {
@@ -89,7 +84,7 @@ pub fn sync_response(progress: &SyncProgress, now_ms: u64) -> SyncResponse {
         total_bytes: progress.total_bytes,
         rate_bytes_per_sec,
         eta_secs,
-        percent,
+        percent: sync_percent(progress),
         stalled_secs,
     }
 }
@@ -97,8 +92,14 @@ pub fn sync_response(progress: &SyncProgress, now_ms: u64) -> SyncResponse {
 /// See [`sync_response`].
 pub const SYNC_STALLED_AFTER_MS: u64 = 30_000;
 
+/// 0 to 100: how much of the resync is done.
 fn sync_percent(progress: &SyncProgress) -> u64 {
-    sync_response(progress, progress.reported_ms).percent
+    let done = progress.done_bytes.min(progress.total_bytes);
+    if progress.total_bytes == 0 {
+        100
+    } else {
+        (u128::from(done) * 100 / u128::from(progress.total_bytes)) as u64
+    }
 }
 
 /// What a replica is to the volume's data: `primary`, `up-to-date`,
