@@ -14,3 +14,20 @@ disk_info() {
     printf '%s (%s), %s' "$disk" "$2" "$(lsblk -dno SIZE,ROTA,MODEL "$disk" 2>/dev/null |
         awk '{printf "size %s, rotational=%s, model %s", $1, $2, ($3 == "" ? "n/a" : $3)}')"
 }
+
+# device_of DIR: the block device under DIR as /proc/diskstats names it
+# (vda, sda1, nvme0n1p2, dm-0), or nothing when it cannot be told.
+device_of() {
+    local source
+    source=$(df --output=source "$1" | tail -1)
+    source=$(readlink -f "$source" 2>/dev/null || echo "$source")
+    source=${source#/dev/}
+    awk -v d="$source" '$3 == d { print d; exit }' /proc/diskstats
+}
+
+# sectors_written DEVICE: 512-byte sectors written to DEVICE since boot
+# (/proc/diskstats), or nothing for no device.
+sectors_written() {
+    [ -n "$1" ] || return 0
+    awk -v d="$1" '$3 == d { print $10; exit }' /proc/diskstats
+}

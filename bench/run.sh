@@ -63,6 +63,7 @@ load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 rm -rf "$SCRATCH"
 mkdir -p "$SCRATCH"
 fstype=$(df --output=fstype "$SCRATCH" | tail -1 | tr -d ' ')
+device=$(device_of "$SCRATCH")
 case "$fstype" in tmpfs|ramfs|overlay-tmpfs) die "scratch $SCRATCH is on $fstype: choose SCRATCH on a real disk" ;; esac
 log "scratch $SCRATCH on $fstype ($(df -h --output=avail "$SCRATCH" | tail -1 | tr -d ' ') free); size $SIZE, runtime ${RUNTIME}s x $REPEAT"
 
@@ -114,20 +115,20 @@ run_fio() {
     local target=$1 job=$2 rep=$3 spid=$4; shift 4
     local json=$SCRATCH/$target-$job-$rep.json
     local t0 t1 c0 c1
-    c0=$(proc_ticks "$spid"); t0=$(date +%s.%N)
+    c0=$(proc_ticks "$spid"); t0=$(date +%s.%N); w0=$(sectors_written "$device")
     # shellcheck disable=SC2046
     timeout $(( RUNTIME * 3 + 120 )) fio --name="$job" "$@" $(job_args "$job") \
         --size="$SIZE" --runtime="$RUNTIME" --ramp_time=1 --time_based \
         --group_reporting --randrepeat=0 --norandommap \
         --output-format=json --output="$json" >/dev/null 2>"$json.err" \
         || { cat "$json.err" >&2; die "fio $target $job failed"; }
-    t1=$(date +%s.%N); c1=$(proc_ticks "$spid")
+    t1=$(date +%s.%N); c1=$(proc_ticks "$spid"); w1=$(sectors_written "$device")
     # Data written but still only in the page cache when the job ends: a
     # server writing through the cache may not have written the device yet.
     dirty_kib=$(awk '/^Dirty:/ {print $2}' /proc/meminfo)
-    python3 - "$json" "$target" "$job" "$rep" "$c0" "$c1" "$t0" "$t1" "$(getconf CLK_TCK)" "$spid" "$dirty_kib" >>"$results" <<'PY'
+    python3 - "$json" "$target" "$job" "$rep" "$c0" "$c1" "$t0" "$t1" "$(getconf CLK_TCK)" "$spid" "$dirty_kib" "$w0" "$w1" >>"$results" <<'PY'
 import json, sys
-path, target, job, rep, c0, c1, t0, t1, hz, spid, dirty_kib = sys.argv[1:]
+path, target, job, rep, c0, c1, t0, t1, hz, spid, dirty_kib, w0, w1 = sys.argv[1:]
 d = json.load(open(path))
 j = d["jobs"][0]
 iops = bw = 0.0
@@ -155,6 +156,9 @@ print(json.dumps({
     "sync_p50": (sync.get("50.000000", 0) / 1000.0) or None,
     "server_cpu": server_cpu, "fio_cpu": j["usr_cpu"] + j["sys_cpu"],
     "dirty_mib": int(dirty_kib) / 1024,
+    # What reached the disk while fio ran (the whole device, so other
+    # writers count too; fio's own ramp second is in it).
+    "device_mibs": (int(w1) - int(w0)) * 512 / 2**20 / wall if w0 and w1 else None,
 }))
 PY
     tail -1 "$results" | python3 -c 'import json,sys; r=json.load(sys.stdin); print("  %-8s %s #%d: %9.0f IOPS %8.1f MiB/s p50 %7.1f us p99 %8.1f us server cpu %s%%" % (r["target"], r["job"], r["rep"], r["iops"], r["mibs"], r["p50"] or 0, r["p99"] or 0, "-" if r["server_cpu"] is None else "%.0f" % r["server_cpu"]))' >&2
@@ -292,13 +296,14 @@ L.append(f"- each job: {E['B_RUNTIME']} s time-based after 1 s ramp, median of {
 L.append("- latency = completion latency (clat) in µs, the worse of read/write for mixed jobs; server CPU = usr+sys of the server process over the run, % of one core; fio CPU = fio's usr+sys %")
 L.append("- targets: **trireme** = `trireme node run`, volume on a file-backed pool, fio `--ioengine=nbd`; **qemu-nbd** = `qemu-nbd -f raw --cache=writeback --aio=threads -e 16` on a raw file, fio `--ioengine=nbd`; **raw** = fio `--ioengine=libaio --direct=1` on a raw file; **qemu-direct** (context, not a target) = `qemu-nbd -f raw --cache=none --aio=native -e 16`, fio `--ioengine=nbd`")
 L.append("- dirty MiB = `Dirty:` in /proc/meminfo when the job ended: data written into the page cache and not yet to the device")
+L.append("- device MiB/s = bytes written to the scratch disk while fio ran (/proc/diskstats), over the run's wall time: what reached the device, beside what fio wrote (MiB/s)")
 L.append("- J1 cycle µs = 1e6 / IOPS: one 4k write plus its fsync (NBD FLUSH), the latency a synchronous writer sees\n")
 for t in targets:
     L.append(f"## {t}\n")
-    L.append("| job | what | IOPS | MiB/s | p50 µs | p99 µs | p99.9 µs | flush p50 µs | J1 cycle µs | server CPU % | fio CPU % | dirty MiB |")
-    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    L.append("| job | what | IOPS | MiB/s | p50 µs | p99 µs | p99.9 µs | flush p50 µs | J1 cycle µs | server CPU % | fio CPU % | dirty MiB | device MiB/s |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for j in jobs:
-        L.append(f"| {j} | {desc[j]} | {f(m(t,j,'iops'))} | {f(m(t,j,'mibs'),'%.1f')} | {f(m(t,j,'p50'),'%.1f')} | {f(m(t,j,'p99'),'%.1f')} | {f(m(t,j,'p999'),'%.1f')} | {f(m(t,j,'sync_p50'),'%.1f')} | {f(1e6/m(t,j,'iops') if j == 'J1' and m(t,j,'iops') else None,'%.1f')} | {f(m(t,j,'server_cpu'))} | {f(m(t,j,'fio_cpu'))} | {f(m(t,j,'dirty_mib'))} |")
+        L.append(f"| {j} | {desc[j]} | {f(m(t,j,'iops'))} | {f(m(t,j,'mibs'),'%.1f')} | {f(m(t,j,'p50'),'%.1f')} | {f(m(t,j,'p99'),'%.1f')} | {f(m(t,j,'p999'),'%.1f')} | {f(m(t,j,'sync_p50'),'%.1f')} | {f(1e6/m(t,j,'iops') if j == 'J1' and m(t,j,'iops') else None,'%.1f')} | {f(m(t,j,'server_cpu'))} | {f(m(t,j,'fio_cpu'))} | {f(m(t,j,'dirty_mib'))} | {f(m(t,j,'device_mibs'))} |")
     L.append("")
 if "trireme" in targets and "qemu-nbd" in targets:
     L.append("## trireme / qemu-nbd\n")
