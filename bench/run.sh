@@ -17,7 +17,9 @@
 #        JOBS     subset, e.g. "J1 J2"        (default "J1 J2 J3 J4 J5 J6")
 #        OUT      results file               (default bench/RESULTS.md; only the part between
 #                 <!-- foundation:begin --> and <!-- foundation:end --> is replaced)
-#        KEEP_SCRATCH=1 keeps the volume/pool/raw images after the run
+#        KEEP_SCRATCH=1 keeps the volume/pool/raw images after the run (each
+#                 target's images are otherwise removed once its jobs are done,
+#                 so the scratch disk needs room for one target at a time)
 # Default total: 4 targets x 6 jobs x 3 repeats x (10 s + 1 s ramp) + prefill ≈ 15 min.
 set -euo pipefail
 
@@ -65,6 +67,13 @@ mkdir -p "$SCRATCH"
 fstype=$(df --output=fstype "$SCRATCH" | tail -1 | tr -d ' ')
 device=$(device_of "$SCRATCH")
 case "$fstype" in tmpfs|ramfs|overlay-tmpfs) die "scratch $SCRATCH is on $fstype: choose SCRATCH on a real disk" ;; esac
+# One target's images at a time (the pool is the largest), plus a margin
+# for the logs and the file systems' own use; all of them with KEEP_SCRATCH.
+need_bytes=$(( pool_bytes + (1 << 30) ))
+[ -n "${KEEP_SCRATCH:-}" ] && need_bytes=$(( pool_bytes + 3 * size_bytes + (1 << 30) ))
+avail_bytes=$(( $(df --output=avail -k "$SCRATCH" | tail -1) * 1024 ))
+[ "$avail_bytes" -ge "$need_bytes" ] ||
+    die "scratch $SCRATCH has $((avail_bytes >> 20)) MiB free; SIZE=$SIZE needs $((need_bytes >> 20)) MiB (choose a smaller SIZE or another SCRATCH)"
 log "scratch $SCRATCH on $fstype ($(df -h --output=avail "$SCRATCH" | tail -1 | tr -d ' ') free); size $SIZE, runtime ${RUNTIME}s x $REPEAT"
 
 if [ $build = 1 ] && [[ " $TARGETS " == *" trireme "* ]]; then
@@ -164,6 +173,12 @@ PY
     tail -1 "$results" | python3 -c 'import json,sys; r=json.load(sys.stdin); print("  %-8s %s #%d: %9.0f IOPS %8.1f MiB/s p50 %7.1f us p99 %8.1f us server cpu %s%%" % (r["target"], r["job"], r["rep"], r["iops"], r["mibs"], r["p50"] or 0, r["p99"] or 0, "-" if r["server_cpu"] is None else "%.0f" % r["server_cpu"]))' >&2
 }
 
+# done_with PATH...: a target's images go once its jobs are done, unless
+# KEEP_SCRATCH is set.
+done_with() {
+    [ -n "${KEEP_SCRATCH:-}" ] || rm -rf "$@"
+}
+
 # run_target TARGET SERVER_PID ENGINE_ARGS...: prefill then all jobs.
 run_target() {
     local target=$1 spid=$2; shift 2
@@ -204,6 +219,7 @@ run_qemu_nbd() {
     wait_port "$port" || die "$target (qemu-nbd) not listening"
     run_target "$target" "$qpid" --ioengine=nbd --uri="nbd://127.0.0.1:$port/bench"
     kill "$qpid" 2>/dev/null || true
+    done_with "$img"
 }
 
 for target in $TARGETS; do
@@ -231,6 +247,7 @@ for target in $TARGETS; do
             || die "volume create failed"
         run_target trireme "$tpid" --ioengine=nbd --uri="nbd://127.0.0.1:$nbd_port/bench"
         kill "$tpid"; wait "$tpid" 2>/dev/null || true
+        done_with "$data" "$SCRATCH/trireme-pool.img"
         ;;
     qemu-nbd)
         # The issue's baseline: a sparse image, written through the page cache.
@@ -246,6 +263,7 @@ for target in $TARGETS; do
         fallocate -l "$size_bytes" "$img" 2>/dev/null || truncate -s "$size_bytes" "$img"
         log "raw: libaio --direct=1 on $img"
         run_target raw "" --ioengine=libaio --direct=1 --filename="$img"
+        done_with "$img"
         ;;
     *) die "unknown target $target" ;;
     esac
