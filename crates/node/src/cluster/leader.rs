@@ -298,34 +298,19 @@ async fn manage_membership(cluster: &Cluster) {
     }
     // Removed nodes lose their vote, and their seat goes to an online node.
     let removed: BTreeSet<u64> = members.difference(&in_state).copied().collect();
-    let mut wanted: BTreeSet<u64> = voters.difference(&removed).copied().collect();
-    let target = voter_target(in_state.len());
     let caught_up = caught_up_learners(cluster);
-    let mut candidates: Vec<u64> = online
+    let candidates: Vec<u64> = online
         .iter()
-        .filter(|id| caught_up.contains(id) && !wanted.contains(id))
+        .filter(|id| caught_up.contains(id) && !voters.contains(id))
         .copied()
         .collect();
-    // An evicted voter (offline past the eviction delay, with eviction on)
-    // hands its seat to an online learner, as its replicas went to other
-    // nodes: its vote only makes the majority harder to reach. Back online,
-    // it is a learner. Without a learner to take the seat it keeps it, so
-    // the number of voters stays odd.
-    let evicted_voters: Vec<u64> = wanted.intersection(&evicted).copied().collect();
-    for voter in evicted_voters {
-        let Some(successor) = candidates.pop() else {
-            break;
-        };
-        wanted.remove(&voter);
-        wanted.insert(successor);
-    }
-    let mut additions = target.saturating_sub(wanted.len()).min(candidates.len());
-    // An even number of voters tolerates no more failures than one fewer
-    // and needs a bigger majority: add one less rather than reach it.
-    if additions > 0 && (wanted.len() + additions).is_multiple_of(2) {
-        additions -= 1;
-    }
-    wanted.extend(candidates.drain(..additions));
+    let wanted = plan_voters(
+        &voters,
+        &removed,
+        &evicted,
+        candidates,
+        voter_target(in_state.len()),
+    );
     if wanted.is_empty() || (wanted == voters && removed.is_empty()) {
         return;
     }
@@ -340,6 +325,43 @@ async fn manage_membership(cluster: &Cluster) {
             tracing::warn!(%error, "removing members failed");
         }
     }
+}
+
+/// The voters the control plane should have: `voters` without the
+/// `removed` members, each evicted voter replaced by one of `candidates`
+/// (online learners that are caught up) while there are some, then more
+/// candidates up to `target`, never reaching an even count by adding.
+///
+/// An evicted voter (offline past the eviction delay, with eviction on)
+/// hands its seat to a learner, as its replicas went to other nodes: its
+/// vote only makes the majority harder to reach. Back online, it is a
+/// learner. Without a learner to take the seat it keeps it, so the number
+/// of voters stays odd.
+fn plan_voters(
+    voters: &BTreeSet<u64>,
+    removed: &BTreeSet<u64>,
+    evicted: &BTreeSet<u64>,
+    mut candidates: Vec<u64>,
+    target: usize,
+) -> BTreeSet<u64> {
+    let mut wanted: BTreeSet<u64> = voters.difference(removed).copied().collect();
+    candidates.retain(|id| !wanted.contains(id));
+    let evicted_voters: Vec<u64> = wanted.intersection(evicted).copied().collect();
+    for voter in evicted_voters {
+        let Some(successor) = candidates.pop() else {
+            break;
+        };
+        wanted.remove(&voter);
+        wanted.insert(successor);
+    }
+    let mut additions = target.saturating_sub(wanted.len()).min(candidates.len());
+    // An even number of voters tolerates no more failures than one fewer
+    // and needs a bigger majority: add one less rather than reach it.
+    if additions > 0 && (wanted.len() + additions).is_multiple_of(2) {
+        additions -= 1;
+    }
+    wanted.extend(candidates.drain(..additions));
+    wanted
 }
 
 /// Learners whose log is close enough to the leader's to vote at once.
@@ -397,6 +419,54 @@ mod tests {
                 })
                 .unwrap();
         }
+    }
+
+    fn ids(ids: &[u64]) -> BTreeSet<u64> {
+        ids.iter().copied().collect()
+    }
+
+    #[test]
+    fn an_evicted_voter_hands_its_seat_to_a_learner() {
+        let wanted = plan_voters(&ids(&[1, 2, 3]), &ids(&[]), &ids(&[3]), vec![4], 3);
+        assert_eq!(wanted, ids(&[1, 2, 4]));
+    }
+
+    #[test]
+    fn an_evicted_voter_without_a_learner_keeps_its_seat() {
+        // Three nodes, one evicted: two voters would need both for a
+        // majority, as three do, and an even count is never the goal.
+        let wanted = plan_voters(&ids(&[1, 2, 3]), &ids(&[]), &ids(&[3]), vec![], 3);
+        assert_eq!(wanted, ids(&[1, 2, 3]));
+    }
+
+    #[test]
+    fn a_removed_voters_seat_goes_to_a_learner() {
+        let wanted = plan_voters(&ids(&[1, 2, 3]), &ids(&[3]), &ids(&[]), vec![4], 3);
+        assert_eq!(wanted, ids(&[1, 2, 4]));
+    }
+
+    #[test]
+    fn voters_grow_to_the_target_and_never_to_an_even_count() {
+        // A second node joins: still one voter (two would need both).
+        assert_eq!(
+            plan_voters(&ids(&[1]), &ids(&[]), &ids(&[]), vec![2], 1),
+            ids(&[1])
+        );
+        // A third: three voters.
+        assert_eq!(
+            plan_voters(&ids(&[1]), &ids(&[]), &ids(&[]), vec![2, 3], 3),
+            ids(&[1, 2, 3])
+        );
+        // Five wanted, one learner to offer: four would be even, so three.
+        assert_eq!(
+            plan_voters(&ids(&[1, 2, 3]), &ids(&[]), &ids(&[]), vec![4], 5),
+            ids(&[1, 2, 3])
+        );
+        // A voter offered again as a candidate is not counted twice.
+        assert_eq!(
+            plan_voters(&ids(&[1, 2, 3]), &ids(&[]), &ids(&[]), vec![3, 4, 5], 5),
+            ids(&[1, 2, 3, 4, 5])
+        );
     }
 
     #[test]
