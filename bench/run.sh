@@ -185,6 +185,9 @@ run_target() {
     log "$target: prefill (sequential 1 MiB writes over $SIZE)"
     timeout 900 fio --name=prefill "$@" --rw=write --bs=1M --iodepth=8 --size="$SIZE" \
         --output="$SCRATCH/$target-prefill.txt" >/dev/null 2>&1 || die "prefill of $target failed"
+    # What earlier work left in the page cache (the build, a prefill written
+    # through the cache) is written back now, not during the timed jobs.
+    sync
     for job in $JOBS; do
         for rep in $(seq 1 "$REPEAT"); do
             run_fio "$target" "$job" "$rep" "$spid" "$@"
