@@ -123,7 +123,7 @@ job_args() {
 run_fio() {
     local target=$1 job=$2 rep=$3 spid=$4; shift 4
     local json=$SCRATCH/$target-$job-$rep.json
-    local t0 t1 c0 c1
+    local t0 t1 c0 c1 w0 w1
     c0=$(proc_ticks "$spid"); t0=$(date +%s.%N); w0=$(sectors_written "$device")
     # shellcheck disable=SC2046
     timeout $(( RUNTIME * 3 + 120 )) fio --name="$job" "$@" $(job_args "$job") \
@@ -313,7 +313,7 @@ L.append(f"- machine: {os.cpu_count()} CPUs ({cpu}), {round(os.sysconf('SC_PAGE_
 L.append(f"- disk: {E['B_DISK']}; scratch on the same filesystem for all targets")
 L.append(f"- {E['B_LOAD']} (other work on the machine skews results: compare runs made on an idle machine)")
 L.append(f"- fio {subprocess.run(['fio','--version'],capture_output=True,text=True).stdout.strip()}, {subprocess.run(['qemu-nbd','--version'],capture_output=True,text=True).stdout.splitlines()[0]}")
-L.append(f"- each job: {E['B_RUNTIME']} s time-based after 1 s ramp, median of {E['B_REPEAT']} runs, over {E['B_SIZE']} prefilled sequentially")
+L.append(f"- each job: {E['B_RUNTIME']} s time-based after 1 s ramp, median of {E['B_REPEAT']} runs, over {E['B_SIZE']} prefilled sequentially, then `sync`")
 L.append("- latency = completion latency (clat) in µs, the worse of read/write for mixed jobs; server CPU = usr+sys of the server process over the run, % of one core; fio CPU = fio's usr+sys %")
 L.append("- targets: **trireme** = `trireme node run`, volume on a file-backed pool, fio `--ioengine=nbd`; **qemu-nbd** = `qemu-nbd -f raw --cache=writeback --aio=threads -e 16` on a raw file, fio `--ioengine=nbd`; **raw** = fio `--ioengine=libaio --direct=1` on a raw file; **qemu-direct** (context, not a target) = `qemu-nbd -f raw --cache=none --aio=native -e 16`, fio `--ioengine=nbd`")
 L.append("- dirty MiB = `Dirty:` in /proc/meminfo when the job ended: data written into the page cache and not yet to the device")
