@@ -301,7 +301,7 @@ async fn manage_membership(cluster: &Cluster) {
     let caught_up = caught_up_learners(cluster);
     let candidates: Vec<u64> = online
         .iter()
-        .filter(|id| caught_up.contains(id) && !voters.contains(id))
+        .filter(|id| caught_up.contains(id))
         .copied()
         .collect();
     let wanted = plan_voters(
@@ -329,7 +329,8 @@ async fn manage_membership(cluster: &Cluster) {
 
 /// The voters the control plane should have: `voters` without the
 /// `removed` members, each evicted voter replaced by one of `candidates`
-/// (online learners that are caught up) while there are some, then more
+/// (online nodes that are caught up; voters among them are skipped) while
+/// there are some, then more
 /// candidates up to `target`, never reaching an even count by adding.
 ///
 /// An evicted voter (offline past the eviction delay, with eviction on)
