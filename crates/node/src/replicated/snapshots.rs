@@ -25,10 +25,28 @@ use super::Replication;
 use crate::cluster::Cluster;
 use crate::{Node, NodeError};
 
-/// Snapshot space is reported again when it moved by more than this share
-/// of the volume's size (1/64), or by 64 MiB, whichever is less.
+/// Snapshot space is reported again when a number moved by more than this
+/// share of itself (1/64), or by 64 MiB, whichever is less; to or from zero
+/// always. Measured against the volume's size instead, a snapshot's 4 MiB
+/// becoming exclusive on a 1 GiB volume was never reported and the list
+/// said 0 B while deleting it gave 4 MiB back.
 const SPACE_REPORT_SHARE: u64 = 64;
 const SPACE_REPORT_BYTES: u64 = 64 << 20;
+
+/// Whether a measured snapshot space differs enough from the recorded one
+/// to write it to the cluster state (each report is a Raft write, so a
+/// snapshot whose space creeps up is not reported at every step).
+fn space_moved(recorded_bytes: u64, measured_bytes: u64) -> bool {
+    if recorded_bytes == measured_bytes {
+        return false;
+    }
+    if recorded_bytes == 0 || measured_bytes == 0 {
+        return true;
+    }
+    let threshold =
+        (recorded_bytes.max(measured_bytes) / SPACE_REPORT_SHARE).min(SPACE_REPORT_BYTES);
+    recorded_bytes.abs_diff(measured_bytes) > threshold
+}
 
 async fn blocking<T: Send + 'static>(
     node: &Arc<Node>,
@@ -330,16 +348,12 @@ impl Replication {
         }
         let name = volume.name.clone();
         let local = blocking(&self.node, move |node| node.snapshots(&name)).await?;
-        let threshold = (volume.size_bytes / SPACE_REPORT_SHARE).min(SPACE_REPORT_BYTES);
         let spaces: Vec<(SnapshotId, u64, u64)> = local
             .iter()
             .filter_map(|info| {
                 let recorded = reporting.get(&info.id)?;
-                let moved = info.exclusive_bytes.abs_diff(recorded.exclusive_bytes) > threshold
-                    || info.shared_bytes.abs_diff(recorded.shared_bytes) > threshold
-                    || (recorded.exclusive_bytes == 0
-                        && recorded.shared_bytes == 0
-                        && (info.exclusive_bytes, info.shared_bytes) != (0, 0));
+                let moved = space_moved(recorded.exclusive_bytes, info.exclusive_bytes)
+                    || space_moved(recorded.shared_bytes, info.shared_bytes);
                 moved.then_some((info.id, info.exclusive_bytes, info.shared_bytes))
             })
             .collect();
@@ -369,4 +383,25 @@ pub fn snapshot_holders(
         .iter()
         .find(|snapshot| snapshot.name.as_str() == name && snapshot.is_ready())?;
     Some((snapshot.id, snapshot.nodes.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::space_moved;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn snapshot_space_is_reported_when_it_moved_for_itself() {
+        // The field case: 4 MiB becoming exclusive, whatever the volume's size.
+        assert!(space_moved(0, 4 * MIB));
+        assert!(space_moved(4 * MIB, 0));
+        assert!(space_moved(4 * MIB, 8 * MIB));
+        // A chunk more on a few MiB is news; on a TiB it is not.
+        assert!(space_moved(MIB, MIB + 65536));
+        assert!(!space_moved(1 << 40, (1 << 40) + 65536));
+        // Large numbers are reported every 64 MiB at most.
+        assert!(space_moved(1 << 40, (1 << 40) + 65 * MIB));
+        assert!(!space_moved(7 * MIB, 7 * MIB));
+    }
 }
