@@ -298,7 +298,7 @@ pub enum NodeCommand {
     ///
     /// The first start without --join creates a new cluster and prints the
     /// command that adds another machine. On first start it also creates the
-    /// default pool: a sparse file in the data directory of min(64 GiB, 90%
+    /// default pool: a sparse file in the data directory of min(64 GiB, 50%
     /// of the free space). It prints a line starting with "trireme node
     /// ready" once the API and NBD listen.
     Run(Box<RunArgs>),

@@ -78,6 +78,7 @@ pub fn pools_table(pools: &[PoolResponse], node: &str) {
         "ALLOCATED",
         "FREE",
         "PROVISIONED",
+        "ON HOST",
         "VOLUMES",
         "DEVICE",
     ]);
@@ -90,6 +91,7 @@ pub fn pools_table(pools: &[PoolResponse], node: &str) {
             right(size_or_dash(pool.allocated_bytes)),
             right(size_or_dash(pool.free_bytes)),
             right(provisioned(pool)),
+            right(size_or_dash(pool.host_bytes)),
             right(
                 pool.volume_count
                     .map(|count| count.to_string())
@@ -121,6 +123,7 @@ pub fn pool_detail(pool: &PoolResponse) {
         ("allocated", size_or_dash(pool.allocated_bytes)),
         ("free", size_or_dash(pool.free_bytes)),
         ("provisioned", provisioned(pool)),
+        ("on host", size_or_dash(pool.host_bytes)),
         (
             "volumes",
             pool.volume_count

@@ -91,14 +91,21 @@ impl VolumeMap {
     }
 }
 
-/// Free physical chunks, one bit each. Allocation scans forward from the
-/// last allocation so consecutive writes land in consecutive chunks.
+/// Free physical chunks, one bit each. Allocation takes the lowest free
+/// chunk: chunks given back by overwrites, trims and deletions are reused
+/// before any chunk never written, so a file-backed pool stays as compact
+/// as its data (a cursor that moved on past them walked through the whole
+/// device, and a sparse pool file grew to its full size on the host while
+/// holding a fraction of it). In free space, consecutive allocations are
+/// still consecutive chunks.
 #[derive(Debug, Clone)]
 pub struct Allocator {
     used: Vec<u64>,
     chunk_count: u64,
     free_count: u64,
-    cursor: u64,
+    /// No chunk below this is free: the search for the lowest free chunk
+    /// starts here.
+    lowest_free: u64,
 }
 
 impl Allocator {
@@ -107,7 +114,7 @@ impl Allocator {
             used: vec![0; chunk_count.div_ceil(64) as usize],
             chunk_count,
             free_count: chunk_count,
-            cursor: 0,
+            lowest_free: 0,
         }
     }
 
@@ -140,26 +147,27 @@ impl Allocator {
         true
     }
 
+    /// The lowest free chunk, now used.
     pub fn allocate(&mut self) -> Option<u32> {
         if self.free_count == 0 {
             return None;
         }
-        let words = self.used.len() as u64;
-        let start_word = self.cursor / 64;
-        for step in 0..=words {
-            let word_index = ((start_word + step) % words) as usize;
+        let first_word = (self.lowest_free / 64) as usize;
+        for word_index in first_word..self.used.len() {
             let word = self.used[word_index];
             if word == u64::MAX {
                 continue;
             }
             let bit = (!word).trailing_zeros() as u64;
             let physical = word_index as u64 * 64 + bit;
-            if physical >= self.chunk_count {
-                continue;
-            }
+            assert!(
+                physical < self.chunk_count,
+                "free_count {} but the lowest free bit {physical} is past the last chunk",
+                self.free_count
+            );
             self.used[word_index] |= 1 << bit;
             self.free_count -= 1;
-            self.cursor = physical + 1;
+            self.lowest_free = physical + 1;
             return Some(physical as u32);
         }
         unreachable!("free_count {} but no free bit", self.free_count)
@@ -170,6 +178,32 @@ impl Allocator {
         let physical = physical as u64;
         self.used[(physical / 64) as usize] &= !(1 << (physical % 64));
         self.free_count += 1;
+        self.lowest_free = self.lowest_free.min(physical);
+    }
+
+    /// The free chunks as runs `(first, count)`, lowest first.
+    pub fn free_runs(&self) -> Vec<(u32, u32)> {
+        let mut runs: Vec<(u32, u32)> = Vec::new();
+        let mut extend = |physical: u64, count: u64| match runs.last_mut() {
+            Some((first, length)) if (*first + *length) as u64 == physical => {
+                *length += count as u32
+            }
+            _ => runs.push((physical as u32, count as u32)),
+        };
+        for (word_index, word) in self.used.iter().enumerate() {
+            let base = word_index as u64 * 64;
+            let bits = (self.chunk_count - base).min(64);
+            match *word {
+                u64::MAX => {}
+                0 => extend(base, bits),
+                word => {
+                    for bit in (0..bits).filter(|bit| word & (1 << bit) == 0) {
+                        extend(base + bit, 1);
+                    }
+                }
+            }
+        }
+        runs
     }
 }
 
@@ -201,6 +235,30 @@ mod tests {
         allocator.free(77);
         assert_eq!(allocator.allocate(), Some(77));
         assert!(!allocator.mark_used(77));
+    }
+
+    #[test]
+    fn allocator_reuses_the_lowest_freed_chunk_first() {
+        let mut allocator = Allocator::new(200);
+        for expected in 0..100 {
+            assert_eq!(allocator.allocate(), Some(expected));
+        }
+        // Freed behind the last allocation: taken again before chunk 100,
+        // lowest first.
+        for physical in [70, 3, 64, 99] {
+            allocator.free(physical);
+        }
+        assert_eq!(allocator.allocate(), Some(3));
+        assert_eq!(allocator.allocate(), Some(64));
+        assert_eq!(allocator.allocate(), Some(70));
+        assert_eq!(allocator.allocate(), Some(99));
+        assert_eq!(allocator.allocate(), Some(100));
+        assert_eq!(allocator.free_runs(), vec![(101, 99)]);
+        allocator.free(5);
+        allocator.free(6);
+        allocator.free(63);
+        allocator.free(64);
+        assert_eq!(allocator.free_runs(), vec![(5, 2), (63, 2), (101, 99)]);
     }
 
     #[test]

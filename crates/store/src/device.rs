@@ -153,6 +153,38 @@ pub(crate) fn allocate_space(file: &File, bytes: u64) -> std::io::Result<()> {
     Err(error)
 }
 
+/// Gives `length` bytes at `offset` back to the file system: they read as
+/// zeros and take no space on the host until written again. The file's
+/// size stays.
+pub(crate) fn punch_hole(file: &File, offset: u64, length: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain system call on an open descriptor.
+    let result = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            length as libc::off_t,
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Bytes `file` takes on its host: a regular file's allocated blocks
+/// (holes take none), a block device's whole size.
+pub(crate) fn host_bytes(file: &File) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    if file_is_block_device(file) {
+        return device_size(file);
+    }
+    // st_blocks counts 512-byte units whatever the file system's block size.
+    Ok(file.metadata()?.blocks() * 512)
+}
+
 /// One process per pool: a second `trireme` on the same device would
 /// corrupt it.
 pub(crate) fn lock_exclusive(file: &File, path: &Path) -> Result<(), StoreError> {

@@ -41,6 +41,10 @@ pub struct PoolRecord {
     pub device_path: PathBuf,
     /// The pool created its device file, so deleting the pool deletes it.
     pub created_file: bool,
+    /// The file's space was reserved at creation (`--preallocate`), so
+    /// freed chunks keep it; absent in pools made before it was recorded.
+    #[serde(default)]
+    pub preallocated: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -2,7 +2,7 @@
 
 use crate::chunk_map::ChunkEntry;
 use crate::device::{
-    allocate_space, device_size, file_is_block_device, fill_zeros, lock_exclusive,
+    allocate_space, device_size, file_is_block_device, fill_zeros, host_bytes, lock_exclusive,
     open_or_create_device, random_u128,
 };
 use crate::engine::View;
@@ -54,6 +54,11 @@ pub struct PoolInfo {
     /// Bytes of chunks in use (by written data).
     pub allocated_bytes: u64,
     pub free_bytes: u64,
+    /// Bytes the device takes on its host: a file's allocated blocks
+    /// (the journal and checksum regions, the chunks holding data, and
+    /// freed chunks until the checkpoint that gives them back), a block
+    /// device's whole size. `None` if it could not be measured.
+    pub host_bytes: Option<u64>,
     /// Sum of the sizes of all volumes; may exceed capacity (over-commit).
     pub provisioned_bytes: u64,
     pub volume_count: usize,
@@ -157,6 +162,7 @@ impl Pool {
             class: config.class,
             device_path: path.clone(),
             created_file,
+            preallocated: is_file && config.preallocate,
         };
         if let Some(parent) = config.metadata_path.parent() {
             std::fs::create_dir_all(parent).map_err(|error| {
@@ -260,6 +266,7 @@ impl Pool {
             capacity_bytes: self.engine.layout.capacity_bytes(),
             allocated_bytes: state.allocator.used_count() * CHUNK_BYTES,
             free_bytes: state.allocator.free_count() * CHUNK_BYTES,
+            host_bytes: host_bytes(&self.engine.file).ok(),
             provisioned_bytes,
             volume_count,
             journal_bytes: self.engine.layout.journal_bytes,

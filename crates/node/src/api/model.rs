@@ -80,6 +80,11 @@ pub struct PoolResponse {
     /// Bytes of chunks holding written data.
     pub allocated_bytes: Option<u64>,
     pub free_bytes: Option<u64>,
+    /// Bytes the pool's device takes on its host: a file's allocated
+    /// blocks (journal, checksums and the chunks in use; freed chunks are
+    /// given back at the next checkpoint), a block device's whole size.
+    #[serde(default)]
+    pub host_bytes: Option<u64>,
     /// Sum of the volume sizes; above `capacity_bytes` means over-committed.
     pub provisioned_bytes: Option<u64>,
     pub volume_count: Option<usize>,
@@ -107,6 +112,7 @@ impl From<PoolStatus> for PoolResponse {
             capacity_bytes: info.map(|info| info.capacity_bytes),
             allocated_bytes: info.map(|info| info.allocated_bytes),
             free_bytes: info.map(|info| info.free_bytes),
+            host_bytes: info.and_then(|info| info.host_bytes),
             provisioned_bytes: info.map(|info| info.provisioned_bytes),
             volume_count: info.map(|info| info.volume_count),
             journal_bytes: info.map(|info| info.journal_bytes),

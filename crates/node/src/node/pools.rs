@@ -13,9 +13,13 @@ const DEFAULT_POOL_FILE: &str = "pool.img";
 const DEFAULT_POOL_CLASS: DeviceClass = DeviceClass::Ssd;
 /// The default pool never takes more than this, however large the disk.
 const DEFAULT_POOL_MAX_BYTES: u64 = 64 << 30;
-/// ... nor more than this share of the free space (in percent), so the host
-/// file system keeps room for logs and the metadata databases.
-const DEFAULT_POOL_FREE_SPACE_PERCENT: u64 = 90;
+/// ... nor more than this share of the free space (in percent). The file
+/// is sparse and grows as volumes are written, up to its size (freed
+/// chunks are reused first and their space given back), so the host's
+/// file system keeps at least the other half of what was free, for logs,
+/// the metadata databases and everything else on it. At 90% a full pool
+/// plus other growth filled hosts' disks.
+const DEFAULT_POOL_FREE_SPACE_PERCENT: u64 = 50;
 /// Pool file sizes are rounded down to a whole number of these.
 const POOL_SIZE_ALIGNMENT_BYTES: u64 = 1 << 20;
 

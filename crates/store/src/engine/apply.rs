@@ -15,11 +15,13 @@
 use super::{Engine, SnapshotState, State};
 use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
 use crate::chunk_map::ChunkEntry;
-use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
+use crate::device::punch_hole;
+use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES, CHUNK_BYTES};
 use crate::metadata::{Changes, Checkpoint, SnapshotRecord};
 use crate::record::{Record, RecordBody};
 use crate::StoreError;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -678,12 +680,69 @@ impl Engine {
         state.tail = checkpoint.position;
         state.checksums.mark_clean(&pages);
         state.fresh_since_checkpoint.clear();
-        let released: Vec<u32> = state.deferred_frees.drain(..freed).collect();
+        state.validate(self.layout.journal_bytes);
+        self.changed.notify_all();
+        if freed == 0 {
+            return Ok(());
+        }
+        // The maps that free these chunks are durable now, so their data
+        // is needed by no replay: their space goes back to the host file
+        // system, in runs, before the allocator may hand them out again
+        // (a hole punched after a new write would destroy it). Only this
+        // checkpoint drains the list, so its first `freed` entries stay
+        // put while the lock is let go for the punching.
+        let released: Vec<u32> = state.deferred_frees[..freed].to_vec();
+        drop(state);
+        self.give_back(&released);
+        let mut state = self.lock();
+        state.deferred_frees.drain(..freed);
         for physical in released {
             state.allocator.free(physical);
         }
         state.validate(self.layout.journal_bytes);
         self.changed.notify_all();
         Ok(())
+    }
+
+    /// Punches the chunks' space out of a file-backed pool (`fallocate`
+    /// `PUNCH_HOLE`), one call per run of consecutive chunks. Called only
+    /// for chunks that no durable map or replayable record needs, and that
+    /// the allocator does not hold (see the checkpoint). A file system
+    /// without hole punching turns it off for the session; any other
+    /// failure only leaves the space in the file, and is logged.
+    pub(super) fn give_back(&self, chunks: &[u32]) {
+        if chunks.is_empty() {
+            return;
+        }
+        let mut sorted = chunks.to_vec();
+        sorted.sort_unstable();
+        let mut runs: Vec<(u32, u32)> = Vec::new();
+        for physical in sorted {
+            match runs.last_mut() {
+                Some((first, count)) if *first + *count == physical => *count += 1,
+                _ => runs.push((physical, 1)),
+            }
+        }
+        self.punch_runs(&runs);
+    }
+
+    /// Punches runs `(first chunk, count)` of the data region, if this
+    /// pool gives space back at all.
+    pub(super) fn punch_runs(&self, runs: &[(u32, u32)]) {
+        if !self.punch_holes.load(Ordering::Relaxed) {
+            return;
+        }
+        for (first, count) in runs {
+            let offset = self.layout.data_offset + *first as u64 * CHUNK_BYTES;
+            let length = *count as u64 * CHUNK_BYTES;
+            if let Err(error) = punch_hole(&self.file, offset, length) {
+                if error.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                    tracing::info!(pool = %self.pool_name, "the file system cannot punch holes; freed chunks keep their space in the pool file");
+                    self.punch_holes.store(false, Ordering::Relaxed);
+                    return;
+                }
+                tracing::warn!(pool = %self.pool_name, %error, offset, length, "giving freed space back to the file system failed; it stays in the pool file until reused");
+            }
+        }
     }
 }

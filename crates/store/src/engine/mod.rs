@@ -32,7 +32,7 @@ use crate::overlay::Overlay;
 use crate::record::Record;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fs::File;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use trireme_types::{PoolName, SnapshotId, TargetError, VolumeId};
 
@@ -340,6 +340,10 @@ pub struct Engine {
     /// Every record written in this session carries it; see `replay`.
     pub epoch: u64,
     pub metadata: Metadata,
+    /// Chunks freed by a checkpoint give their space back to the host file
+    /// system: a file pool that was not preallocated, on a file system
+    /// that punches holes (turned off at the first refusal).
+    pub punch_holes: AtomicBool,
     pub state: Mutex<State>,
     /// Signalled on every change a waiter may want: journal space, written
     /// and durable sequences, applied records, urgent work, shutdown.

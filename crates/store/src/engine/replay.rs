@@ -24,7 +24,7 @@ use crate::StoreError;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex};
 use trireme_types::VolumeId;
 
@@ -137,6 +137,7 @@ pub fn open_engine(
     state.durable_sequence = state.applied_sequence;
     state.checkpoint_epoch = checkpoint.epoch;
     let direct = crate::device::open_direct(&file);
+    let punch_holes = !loaded.pool.preallocated && !crate::device::file_is_block_device(&file);
     let engine = Arc::new(Engine {
         pool_name: loaded.pool.name.clone(),
         file,
@@ -145,6 +146,7 @@ pub fn open_engine(
         pool_salt,
         epoch: checkpoint.epoch + 1,
         metadata,
+        punch_holes: AtomicBool::new(punch_holes),
         state: Mutex::new(state),
         changed: Condvar::new(),
         applier_wake: Condvar::new(),
@@ -162,6 +164,12 @@ pub fn open_engine(
     if replayed > 0 {
         tracing::info!(pool = %engine.pool_name, records = replayed, "replayed the journal");
     }
+    // Every free chunk's space goes back to the host, whatever an earlier
+    // session left there: the maps just committed need none of them, and
+    // no I/O is accepted yet. This also shrinks a pool file grown by a
+    // trireme that did not give space back.
+    let free_runs = engine.lock().allocator.free_runs();
+    engine.punch_runs(&free_runs);
     Ok(engine)
 }
 
