@@ -390,6 +390,13 @@ pub enum PoolCommand {
         /// Reserve the file's space now instead of leaving it sparse.
         #[arg(long)]
         preallocate: bool,
+        /// Format the path even though it holds data (a file system, a
+        /// partition table, any non-zero byte at its start or end) or a pool
+        /// no node uses; without it such a path is refused. A device or file
+        /// in use on the host (mounted, swap, backing a loop device) is
+        /// refused even with --force.
+        #[arg(long)]
+        force: bool,
     },
     /// List the pools of the node, with capacity, allocation and provisioning.
     List,

@@ -2,33 +2,70 @@
 //! and the lock that keeps a second process off it.
 
 use crate::layout::{Superblock, SUPERBLOCK_BYTES};
+use crate::probe;
 use crate::StoreError;
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 /// Opens an existing device or file, or creates a file of `size_bytes`.
 /// Returns the file, its size, and whether it was created here.
+///
+/// An existing path is refused when this host uses it (mounted, swap, a
+/// loop device's backing file, held by device mapper or RAID, or a block
+/// device the kernel will not open exclusively), even with `force`; and
+/// without `force` when it holds a pool or any data (see `probe`). Nothing
+/// is written to it before those checks pass.
 pub(crate) fn open_or_create_device(
     path: &Path,
     size_bytes: Option<u64>,
+    force: bool,
 ) -> Result<(File, u64, bool), StoreError> {
     let opening = |error| StoreError::io(format!("opening {}", path.display()), error);
     if path.exists() {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(opening)?;
-        lock_exclusive(&file, path)?;
-        let mut block = vec![0u8; SUPERBLOCK_BYTES as usize];
-        if file.read_exact_at(&mut block, 0).is_ok() && Superblock::decode(path, &block).is_ok() {
-            return Err(StoreError::AlreadyAPool {
-                path: path.to_path_buf(),
-            });
+        let metadata = std::fs::metadata(path).map_err(opening)?;
+        let in_use = |user: String| StoreError::InUse {
+            path: path.to_path_buf(),
+            user,
+        };
+        if let Some(user) = probe::user(path, &metadata) {
+            return Err(in_use(user));
         }
+        let is_block_device = metadata.file_type().is_block_device();
+        let mut options = OpenOptions::new();
+        options.read(true).write(true);
+        if is_block_device {
+            // O_EXCL on a block device claims it: the open fails with EBUSY
+            // while it (or one of its partitions) is mounted or claimed by
+            // another holder, and keeps it from being mounted meanwhile.
+            options.custom_flags(libc::O_EXCL);
+        }
+        let file = options.open(path).map_err(|error| {
+            if error.raw_os_error() == Some(libc::EBUSY) {
+                in_use("the kernel holds it (mounted, a partition of it mounted, or part of a RAID, LVM or device-mapper device)".into())
+            } else {
+                opening(error)
+            }
+        })?;
+        lock_exclusive(&file, path)?;
         let mut size = device_size(&file).map_err(opening)?;
-        if !file_is_block_device(&file) {
+        let mut block = vec![0u8; SUPERBLOCK_BYTES as usize];
+        let is_pool =
+            file.read_exact_at(&mut block, 0).is_ok() && Superblock::decode(path, &block).is_ok();
+        if !force {
+            if is_pool {
+                return Err(StoreError::AlreadyAPool {
+                    path: path.to_path_buf(),
+                });
+            }
+            if let Some(found) = probe::data_found(&file, size).map_err(opening)? {
+                return Err(StoreError::HoldsData {
+                    path: path.to_path_buf(),
+                    found,
+                });
+            }
+        }
+        if !is_block_device {
             if let Some(wanted) = size_bytes.filter(|wanted| *wanted > size) {
                 file.set_len(wanted)
                     .map_err(|error| StoreError::io(format!("sizing {}", path.display()), error))?;
@@ -89,7 +126,6 @@ pub(crate) fn page_bytes(pages: &mut [AlignedPage]) -> &mut [u8] {
 /// I/O.
 pub(crate) fn open_direct(file: &File) -> Option<File> {
     use std::os::fd::AsRawFd;
-    use std::os::unix::fs::OpenOptionsExt;
     let path = format!("/proc/self/fd/{}", file.as_raw_fd());
     let opened = OpenOptions::new()
         .read(true)

@@ -13,8 +13,12 @@ pub enum StoreError {
     },
     #[error("metadata database {context}: {message}")]
     Metadata { context: String, message: String },
-    #[error("'{path}' already holds a trireme pool; delete it with 'trireme pool delete' or choose another path")]
+    #[error("'{path}' already holds a trireme pool: if it is one of this node's, `trireme pool list` names it and `trireme pool delete NAME` removes it; if no node uses it any more, add --force (REST: \"force\": true) to format it anew, destroying its volumes; or choose another path")]
     AlreadyAPool { path: PathBuf },
+    #[error("'{path}' holds {found}; making a pool there would destroy it. Choose another path, or add --force (REST: \"force\": true) to format it anyway")]
+    HoldsData { path: PathBuf, found: String },
+    #[error("'{path}' is in use on this host: {user}. A pool is never made on a device or file in use, even with --force: stop that use first, or choose another path")]
+    InUse { path: PathBuf, user: String },
     #[error("'{path}' is not a trireme pool ({reason})")]
     NotAPool { path: PathBuf, reason: String },
     #[error("pool '{path}' was written by on-disk format version {found}; this trireme reads version {supported} (to move its volumes: serve them with the trireme that made the pool, copy them off with `qemu-img convert`, then recreate the pool)")]

@@ -12,6 +12,7 @@
 //! - [`error`]: `StoreError`, one enum for every pool and volume operation.
 //! - `layout`: the superblock and where each region starts.
 //! - `device`: opening, creating, sizing and locking the pool's device.
+//! - `probe`: what a path holds, and who uses it, before a pool is made there.
 //! - `journal`: the on-disk record format.
 //! - `record`, `overlay`: records in memory, and which blocks they cover.
 //! - `metadata`: redb tables (pool, volumes, chunk maps, checkpoint).
@@ -32,6 +33,7 @@ pub mod layout;
 mod metadata;
 mod overlay;
 pub mod pool;
+mod probe;
 mod record;
 pub mod volume;
 

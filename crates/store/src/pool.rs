@@ -40,6 +40,9 @@ pub struct PoolConfig {
     /// Reserve the file's space on the host file system up front
     /// (fallocate) instead of leaving the data region sparse.
     pub preallocate: bool,
+    /// Format an existing path that holds data or an old pool. A device or
+    /// file in use on this host is refused even so.
+    pub force: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -125,7 +128,8 @@ pub struct Pool {
 impl Pool {
     pub fn create(config: PoolConfig) -> Result<Arc<Pool>, StoreError> {
         let path = &config.device_path;
-        let (file, device_bytes, created_file) = open_or_create_device(path, config.size_bytes)?;
+        let (file, device_bytes, created_file) =
+            open_or_create_device(path, config.size_bytes, config.force)?;
         let cleanup = |error: StoreError| {
             if created_file {
                 let _ = std::fs::remove_file(path);

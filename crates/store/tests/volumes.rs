@@ -415,3 +415,40 @@ fn a_preallocated_pool_keeps_its_space_when_chunks_are_freed() {
         "a preallocated pool file takes {host} bytes"
     );
 }
+
+/// `pool create` formats only what it may: a file holding data is refused
+/// and left as it was, a pool no node uses is named as a pool; `force`
+/// formats both.
+#[test]
+fn a_path_holding_data_or_a_pool_is_formatted_only_with_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pool.img");
+    std::fs::write(&path, "#!/bin/sh\necho precious\n").unwrap();
+    let refused = Pool::create(common::config(dir.path(), 32 * MIB));
+    match refused {
+        Err(StoreError::HoldsData { found, .. }) => {
+            assert_eq!(found, "text starting with \"#!/bin/sh\"")
+        }
+        other => panic!("a text file was not refused: {:?}", other.err()),
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), b"#!/bin/sh\necho precious\n");
+    assert!(!dir.path().join("meta/metadata.redb").exists());
+    let mut config = common::config(dir.path(), 32 * MIB);
+    config.force = true;
+    let pool = Pool::create(config).unwrap();
+    pool.create_volume(&name("v"), 4 * MIB).unwrap();
+    pool.shutdown().unwrap();
+    drop(pool);
+    // The pool, with its metadata lost: refused as a pool, then formatted.
+    let mut config = common::config(dir.path(), 32 * MIB);
+    config.metadata_path = dir.path().join("other/metadata.redb");
+    match Pool::create(config.clone()) {
+        Err(error @ StoreError::AlreadyAPool { .. }) => {
+            assert!(error.to_string().contains("--force"), "{error}")
+        }
+        other => panic!("an old pool was not refused: {:?}", other.err()),
+    }
+    config.force = true;
+    let pool = Pool::create(config).unwrap();
+    assert!(pool.volumes().is_empty());
+}

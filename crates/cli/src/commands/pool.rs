@@ -16,6 +16,7 @@ pub fn run(command: PoolCommand, format: OutputFormat, client: &Client) -> Resul
             size,
             class,
             preallocate,
+            force,
         } => {
             // The node resolves paths from its own directory: send an absolute one.
             let path = std::path::absolute(&path)
@@ -26,6 +27,7 @@ pub fn run(command: PoolCommand, format: OutputFormat, client: &Client) -> Resul
                 size_bytes: size,
                 class: Some(class.to_string()),
                 preallocate,
+                force,
             };
             let answer = client.post("/pools", &request)?;
             if json {

@@ -149,6 +149,8 @@ fn store_status(error: &StoreError) -> (StatusCode, &'static str) {
         StoreError::Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "io_error"),
         StoreError::Metadata { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "metadata_error"),
         StoreError::AlreadyAPool { .. } => (StatusCode::CONFLICT, "pool_path_in_use"),
+        StoreError::HoldsData { .. } => (StatusCode::CONFLICT, "path_holds_data"),
+        StoreError::InUse { .. } => (StatusCode::CONFLICT, "path_in_use"),
         StoreError::NotAPool { .. } => (StatusCode::BAD_REQUEST, "not_a_pool"),
         StoreError::UnsupportedVersion { .. } => {
             (StatusCode::INTERNAL_SERVER_ERROR, "unsupported_version")

@@ -55,6 +55,12 @@ pub struct CreatePoolRequest {
     /// Reserve the file's space up front instead of leaving it sparse.
     #[serde(default)]
     pub preallocate: bool,
+    /// Format the path even though it holds data (a file system, a
+    /// partition table, any non-zero byte at its start or end) or a pool
+    /// no node uses. A device or file in use on the host (mounted, swap,
+    /// a loop device's backing file) is refused even so.
+    #[serde(default)]
+    pub force: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

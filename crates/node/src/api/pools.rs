@@ -41,7 +41,7 @@ pub async fn list_pools(
     responses(
         (status = 201, description = "Pool created", body = PoolResponse),
         (status = 400, description = "Bad name, path, class or size", body = ErrorBody),
-        (status = 409, description = "Name or path already in use", body = ErrorBody),
+        (status = 409, description = "Name or path already in use, or the path holds data (`force` formats it) or is in use on the host", body = ErrorBody),
         (status = 507, description = "The file system has no room for a preallocated pool", body = ErrorBody)))]
 pub async fn create_pool(
     State(state): State<ApiState>,

@@ -76,5 +76,6 @@ pub fn new_pool(request: CreatePoolRequest) -> Result<NewPool, NodeError> {
         size_bytes: request.size_bytes,
         class,
         preallocate: request.preallocate,
+        force: request.force,
     })
 }

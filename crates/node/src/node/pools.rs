@@ -31,6 +31,8 @@ pub struct NewPool {
     pub size_bytes: Option<u64>,
     pub class: DeviceClass,
     pub preallocate: bool,
+    /// Format a path that holds data or an old pool (never one in use).
+    pub force: bool,
 }
 
 /// A pool as the catalog knows it, with its live numbers when it is online.
@@ -67,6 +69,7 @@ impl Node {
             size_bytes: Some(size_bytes),
             class: DEFAULT_POOL_CLASS,
             preallocate: false,
+            force: false,
         })?;
         Ok(Some(info))
     }
@@ -120,6 +123,7 @@ impl Node {
             metadata_path: record.metadata_path.clone(),
             size_bytes: new.size_bytes,
             preallocate: new.preallocate,
+            force: new.force,
         })
         .inspect_err(|_| {
             // Only succeeds when empty: never removes a device file.

@@ -17,6 +17,7 @@ fn pool(dir: &std::path::Path) -> Arc<Pool> {
         metadata_path: dir.join("meta/metadata.redb"),
         size_bytes: Some(64 * MIB),
         preallocate: false,
+        force: false,
     })
     .unwrap()
 }

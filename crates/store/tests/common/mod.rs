@@ -72,6 +72,7 @@ pub fn config(dir: &Path, size_bytes: u64) -> PoolConfig {
         metadata_path: dir.join("meta/metadata.redb"),
         size_bytes: Some(size_bytes),
         preallocate: false,
+        force: false,
     }
 }
 
