@@ -3,19 +3,24 @@
 //!
 //! The client knows one or more node addresses (`--api a:7450,b:7450`): any
 //! node answers for the whole cluster, so there is no virtual IP. It tries
-//! them in order and moves to the next one only when a node cannot be
-//! reached at all (refused, unreachable, connect timeout), never after a
-//! request has reached a node: an error answer is the cluster's answer, and
-//! a request that may have arrived must not be sent twice.
+//! them in order and moves to the next one on any failure of the connection
+//! (refused, reset, timed out, no such host, TLS, a broken pipe, an answer
+//! cut off before its end): a node that cannot finish an answer is as good
+//! as down, and the admin asked for the next one. An answer from a live
+//! node, error or not, is the cluster's answer and ends the command.
+//!
+//! A request whose connection broke after it was sent may have been applied
+//! by that node before it went away; sent again, the cluster refuses what is
+//! already done (a volume that exists, a replica already placed) rather than
+//! doing it twice, so the worst case is a refusal that says so.
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::cell::Cell;
-use std::io::ErrorKind;
 use std::time::Duration;
 use trireme_node::api::model::ErrorBody;
-use ureq::http::Response;
+use ureq::http::{Response, StatusCode};
 use ureq::{Agent, Body, RequestBuilder};
 
 use crate::args::ApiAddresses;
@@ -104,8 +109,8 @@ impl Client {
         }
     }
 
-    /// Sends to the preferred node, then to the others in order while they
-    /// cannot be reached.
+    /// Sends to the preferred node, then to the others in order while the
+    /// connection to them fails.
     fn send(
         &self,
         path: &str,
@@ -116,12 +121,13 @@ impl Client {
         let mut unreachable = Vec::new();
         for index in order {
             let base = &self.nodes[index];
-            match call(&format!("{base}/api/v1{path}")) {
-                Ok(response) => {
+            let answer = call(&format!("{base}/api/v1{path}")).and_then(read_whole);
+            match answer {
+                Ok((status, text)) => {
                     self.preferred.set(index);
-                    return finish(base, response);
+                    return finish(base, status, text);
                 }
-                Err(error) if not_reached(&error) => unreachable.push((base.as_str(), error)),
+                Err(error) if connection_failed(&error) => unreachable.push((base.as_str(), error)),
                 Err(error) => bail!("the request to the trireme node at {base} failed: {error}"),
             }
         }
@@ -129,24 +135,30 @@ impl Client {
     }
 }
 
-/// Whether the request certainly never reached the node, so that trying
-/// another node cannot do anything twice.
-fn not_reached(error: &ureq::Error) -> bool {
-    match error {
-        ureq::Error::HostNotFound | ureq::Error::ConnectionFailed => true,
-        ureq::Error::Timeout(timeout) => {
-            matches!(timeout, ureq::Timeout::Connect | ureq::Timeout::Resolve)
-        }
-        ureq::Error::Io(error) => matches!(
-            error.kind(),
-            ErrorKind::ConnectionRefused
-                | ErrorKind::TimedOut
-                | ErrorKind::HostUnreachable
-                | ErrorKind::NetworkUnreachable
-                | ErrorKind::AddrNotAvailable
-        ),
-        _ => false,
-    }
+/// The status and the whole body: an answer cut off halfway is a broken
+/// connection, like one that never began.
+fn read_whole(mut response: Response<Body>) -> Result<(StatusCode, String), ureq::Error> {
+    let status = response.status();
+    let text = response.body_mut().read_to_string()?;
+    Ok((status, text))
+}
+
+/// Whether the connection to the node failed (before, while or after the
+/// request was sent), rather than the request being wrong on this side:
+/// the next node may answer.
+fn connection_failed(error: &ureq::Error) -> bool {
+    matches!(
+        error,
+        ureq::Error::Io(_)
+            | ureq::Error::Timeout(_)
+            | ureq::Error::HostNotFound
+            | ureq::Error::ConnectionFailed
+            | ureq::Error::Protocol(_)
+            | ureq::Error::Tls(_)
+            | ureq::Error::TlsRequired
+            | ureq::Error::ConnectProxyFailed(_)
+            | ureq::Error::LargeResponseHeader(..)
+    )
 }
 
 fn none_reached(tried: &[(&str, ureq::Error)]) -> anyhow::Error {
@@ -166,12 +178,7 @@ fn none_reached(tried: &[(&str, ureq::Error)]) -> anyhow::Error {
     }
 }
 
-fn finish(base: &str, mut response: Response<Body>) -> Result<Answer> {
-    let status = response.status();
-    let text = response
-        .body_mut()
-        .read_to_string()
-        .with_context(|| format!("reading the answer of the node at {base}"))?;
+fn finish(base: &str, status: StatusCode, text: String) -> Result<Answer> {
     if status.is_success() {
         let json = (!text.trim().is_empty()).then_some(text);
         return Ok(Answer {
@@ -188,23 +195,35 @@ fn finish(base: &str, mut response: Response<Body>) -> Result<Answer> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::ErrorKind;
 
     fn io(kind: ErrorKind) -> ureq::Error {
         ureq::Error::Io(std::io::Error::from(kind))
     }
 
     #[test]
-    fn only_connection_failures_move_on_to_the_next_node() {
-        assert!(not_reached(&io(ErrorKind::ConnectionRefused)));
-        assert!(not_reached(&io(ErrorKind::TimedOut)));
-        assert!(not_reached(&ureq::Error::Timeout(ureq::Timeout::Connect)));
-        assert!(not_reached(&ureq::Error::HostNotFound));
-        // The request may have arrived: never send it again elsewhere.
-        assert!(!not_reached(&io(ErrorKind::ConnectionReset)));
-        assert!(!not_reached(&ureq::Error::Timeout(
+    fn every_connection_failure_moves_on_to_the_next_node() {
+        for kind in [
+            ErrorKind::ConnectionRefused,
+            ErrorKind::ConnectionReset,
+            ErrorKind::ConnectionAborted,
+            ErrorKind::BrokenPipe,
+            ErrorKind::TimedOut,
+            ErrorKind::UnexpectedEof,
+        ] {
+            assert!(connection_failed(&io(kind)), "{kind:?}");
+        }
+        assert!(connection_failed(&ureq::Error::Timeout(
+            ureq::Timeout::Connect
+        )));
+        assert!(connection_failed(&ureq::Error::Timeout(
             ureq::Timeout::RecvResponse
         )));
-        assert!(!not_reached(&ureq::Error::StatusCode(503)));
+        assert!(connection_failed(&ureq::Error::HostNotFound));
+        assert!(connection_failed(&ureq::Error::Tls("handshake")));
+        // Wrong on this side: another node would refuse it just the same.
+        assert!(!connection_failed(&ureq::Error::BadUri("x".into())));
+        assert!(!connection_failed(&ureq::Error::BodyExceedsLimit(1)));
     }
 
     #[test]
