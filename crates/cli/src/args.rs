@@ -382,7 +382,7 @@ pub enum PoolCommand {
         #[arg(long)]
         path: PathBuf,
         /// Size of the file to create, e.g. 100G (binary units); a device's own size otherwise.
-        #[arg(long, value_parser = parse_size_argument)]
+        #[arg(long, value_parser = parse_pool_size)]
         size: Option<u64>,
         /// Device class, used by placement.
         #[arg(long, default_value = "ssd", value_parser = parse_device_class)]
@@ -440,7 +440,7 @@ pub enum VolumeCommand {
         #[arg(value_parser = parse_volume_name)]
         name: VolumeName,
         /// Size, e.g. 32G (binary units, a multiple of 4 KiB).
-        #[arg(long, value_parser = parse_size_argument, required_unless_present = "from_snapshot")]
+        #[arg(long, value_parser = parse_volume_size, required_unless_present = "from_snapshot")]
         size: Option<u64>,
         /// Make the volume a clone of a snapshot, VOLUME@SNAPSHOT: it has the
         /// snapshot's size and content, and its replicas are made on the
@@ -601,7 +601,7 @@ pub enum VolumeCommand {
         #[arg(value_parser = parse_volume_name)]
         name: VolumeName,
         /// The new total size, e.g. 64G.
-        #[arg(long, value_parser = parse_size_argument)]
+        #[arg(long, value_parser = parse_volume_size)]
         size: u64,
     },
     /// Delete a volume and its data on every node. Connected NBD clients get I/O errors.
@@ -770,7 +770,7 @@ pub enum ClusterCommand {
         /// 64M or 1G (per second; at least 1M). Lower it when resyncs slow
         /// the VMs down, raise it to get replicas up to date sooner.
         /// Running resyncs take it within a second.
-        #[arg(long, value_name = "BYTES", value_parser = parse_size_argument)]
+        #[arg(long, value_name = "BYTES", value_parser = parse_resync_rate)]
         resync_rate: Option<u64>,
     },
 }
@@ -785,6 +785,84 @@ pub enum Switch {
 
 fn parse_size_argument(text: &str) -> Result<u64, String> {
     parse_size(text).map_err(|error| error.to_string())
+}
+
+/// Below this, a number without a unit is taken for a forgotten unit (`--size
+/// 32` meant 32G), not for a pool of a few bytes.
+const SMALLEST_UNITLESS_POOL_BYTES: u64 = 1 << 20;
+
+/// Whether `text` ends in a unit (`K`, `MiB`, `B`, ...) rather than a digit.
+fn has_unit(text: &str) -> bool {
+    text.trim()
+        .chars()
+        .last()
+        .is_some_and(|last| last.is_ascii_alphabetic())
+}
+
+/// The advice for a number given without a unit that cannot be meant as bytes.
+fn forgotten_unit(text: &str, what: &str, example_unit: &str) -> String {
+    let text = text.trim();
+    format!("{text} {what}? sizes take a unit: {text}{example_unit} (K, M, G, T, P: binary units)")
+}
+
+/// `volume create --size`, `volume grow --size`: above 0 and a whole number
+/// of 4 KiB blocks, checked here so the refusal names the flag's value and
+/// not the API's `size_bytes`.
+fn parse_volume_size(text: &str) -> Result<u64, String> {
+    let bytes = parse_size_argument(text)?;
+    if bytes == 0 {
+        return Err("a volume needs a size above 0, e.g. 32G".into());
+    }
+    if bytes.is_multiple_of(trireme_types::BLOCK_SIZE) {
+        return Ok(bytes);
+    }
+    if !has_unit(text) {
+        return Err(forgotten_unit(text, "bytes", "G"));
+    }
+    let rounded = bytes.div_ceil(trireme_types::BLOCK_SIZE) * trireme_types::BLOCK_SIZE;
+    Err(format!(
+        "{} is {bytes} bytes, not a whole number of 4 KiB blocks (the volume's block size): try {}",
+        text.trim(),
+        typeable_size(rounded),
+    ))
+}
+
+/// `bytes` as a size flag takes it, in the largest unit that divides it.
+fn typeable_size(bytes: u64) -> String {
+    let unit = [("P", 50), ("T", 40), ("G", 30), ("M", 20), ("K", 10)]
+        .into_iter()
+        .find(|(_, shift)| bytes != 0 && bytes.is_multiple_of(1 << shift));
+    match unit {
+        Some((name, shift)) => format!("{}{name}", bytes >> shift),
+        None => bytes.to_string(),
+    }
+}
+
+/// `pool create --size`: a file of a few bytes is a forgotten unit.
+fn parse_pool_size(text: &str) -> Result<u64, String> {
+    let bytes = parse_size_argument(text)?;
+    if !has_unit(text) && bytes < SMALLEST_UNITLESS_POOL_BYTES {
+        return Err(forgotten_unit(text, "bytes", "G"));
+    }
+    Ok(bytes)
+}
+
+/// `cluster settings --resync-rate`: bytes per second, at least the
+/// control plane's minimum.
+fn parse_resync_rate(text: &str) -> Result<u64, String> {
+    let bytes = parse_size_argument(text)?;
+    let minimum = trireme_control::MIN_RESYNC_RATE;
+    if bytes >= minimum {
+        return Ok(bytes);
+    }
+    if !has_unit(text) {
+        return Err(forgotten_unit(text, "bytes per second", "M"));
+    }
+    Err(format!(
+        "{} per second is too slow for a resync: use at least {} (per second)",
+        text.trim(),
+        typeable_size(minimum)
+    ))
 }
 
 fn parse_device_class(text: &str) -> Result<DeviceClass, String> {
@@ -1023,6 +1101,48 @@ mod tests {
             parse(&["volume", "create", "vm1"]).is_err(),
             "--size is required"
         );
+    }
+
+    #[test]
+    fn a_size_without_its_unit_is_refused_in_the_clis_words() {
+        let text = |words: &[&str]| parse(words).unwrap_err().to_string();
+        let error = text(&["volume", "create", "vm1", "--size", "32"]);
+        assert!(
+            error.contains("32 bytes? sizes take a unit: 32G"),
+            "{error}"
+        );
+        assert!(!error.contains("size_bytes"), "{error}");
+        let error = text(&["volume", "grow", "vm1", "--size", "64"]);
+        assert!(
+            error.contains("64 bytes? sizes take a unit: 64G"),
+            "{error}"
+        );
+        let error = text(&["pool", "create", "p", "--path", "/x", "--size", "100"]);
+        assert!(
+            error.contains("100 bytes? sizes take a unit: 100G"),
+            "{error}"
+        );
+        let error = text(&["cluster", "settings", "--resync-rate", "64"]);
+        assert!(
+            error.contains("64 bytes per second? sizes take a unit: 64M"),
+            "{error}"
+        );
+        // With a unit, the reason is the flag's own rule.
+        let error = text(&["volume", "create", "vm1", "--size", "1.5K"]);
+        assert!(
+            error.contains("1536 bytes") && error.contains("try 4K"),
+            "{error}"
+        );
+        let error = text(&["volume", "create", "vm1", "--size", "0G"]);
+        assert!(error.contains("above 0"), "{error}");
+        let error = text(&["cluster", "settings", "--resync-rate", "512K"]);
+        assert!(error.contains("at least 1M"), "{error}");
+        // Whole blocks in bytes are still bytes.
+        let cli = parse(&["volume", "create", "vm1", "--size", "1048576"]).unwrap();
+        let Command::Volume(VolumeCommand::Create { size, .. }) = cli.command else {
+            panic!("not a volume create");
+        };
+        assert_eq!(size, Some(1 << 20));
     }
 
     #[test]
