@@ -329,6 +329,10 @@ pub struct RunArgs {
     #[arg(long, env = "TRIREME_DATA_DIR", default_value = "/var/lib/trireme")]
     pub data_dir: PathBuf,
     /// TCP address of the NBD server (clients use nbd://ADDRESS/VOLUME).
+    /// Loopback by default: NBD has no authentication (NBD over TLS is not
+    /// implemented yet), so anyone who reaches this port can read and write
+    /// every volume served here. Listen on another address only on a
+    /// storage network nobody else reaches.
     #[arg(long, default_value = trireme_node::daemon::DEFAULT_NBD_LISTEN)]
     pub nbd_listen: SocketAddr,
     /// Unix socket of the NBD server [default: DATA_DIR/nbd.sock].
@@ -1411,6 +1415,9 @@ mod tests {
         };
         assert!(run.demo);
         assert_eq!(run.nbd_listen.port(), 10809);
+        // NBD has no authentication: nothing off this machine reaches it
+        // unless the admin says so.
+        assert!(run.nbd_listen.ip().is_loopback());
         assert_eq!(run.api_listen.port(), 7450);
         assert_eq!(run.nbd_socket, None);
     }

@@ -27,6 +27,9 @@ use crate::{Node, NodeError};
 /// All interfaces: other nodes reach the API. Clients off loopback need the
 /// admin token; node-to-node endpoints need signatures.
 pub const DEFAULT_API_LISTEN: &str = "0.0.0.0:7450";
+/// Loopback only: NBD has no authentication (NBD over TLS is not
+/// implemented yet), and whoever reaches the port reads and writes every
+/// volume served here. `--nbd-listen` opens it to a trusted network.
 pub const DEFAULT_NBD_LISTEN: &str = "127.0.0.1:10809";
 pub const DEFAULT_NBD_SOCKET_FILE: &str = "nbd.sock";
 pub const DEMO_VOLUME_NAME: &str = "demo";
