@@ -373,6 +373,16 @@ pub struct RunArgs {
     /// on loopback is trusted. With false, every client needs the token.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub trust_loopback: bool,
+    /// How the log (on stderr) is written: `text` for people, `json` (one
+    /// object a line) for log shippers. RUST_LOG chooses what is logged.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]

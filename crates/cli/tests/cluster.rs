@@ -420,6 +420,88 @@ fn removing_a_node_moves_its_vote_and_guards_last_replicas() {
     assert_eq!(last["learners"].as_array().unwrap().len(), 0, "{last:#}");
 }
 
+/// The lines `node` logged (stderr, without the copied stdout) since
+/// `from` bytes into its current log.
+fn log_lines_since(node: &TestNode, from: usize) -> Vec<String> {
+    let log = std::fs::read_to_string(node.log_path()).unwrap_or_default();
+    log.get(from..)
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| !line.starts_with("[stdout]"))
+        .map(String::from)
+        .collect()
+}
+
+/// A peer down for 15 s is one WARN when it goes and one INFO when it is
+/// back on the leader, not a line per failed message; every log line is
+/// JSON with `--log-format json`.
+#[test]
+fn a_peer_outage_is_logged_once_and_logs_are_json() {
+    let json_spec = |name: &str, join| NodeSpec {
+        args: vec!["--log-format".into(), "json".into()],
+        ..spec(name, join)
+    };
+    let mut nodes = vec![TestNode::start_with(json_spec("l1", None))];
+    for name in ["l2", "l3"] {
+        let join = Some((nodes[0].api_address(), join_token(&nodes[0])));
+        nodes.push(TestNode::start_with(json_spec(name, join)));
+    }
+    wait_settled(&nodes[0], 3, 3);
+    nodes[0].cli(&[
+        "volume", "create", "v", "--size", "16M", "--nodes", "l1,l2,l3",
+    ]);
+    let sizes: Vec<usize> = nodes[..2]
+        .iter()
+        .map(|node| std::fs::metadata(node.log_path()).unwrap().len() as usize)
+        .collect();
+
+    nodes[2].kill9();
+    std::thread::sleep(Duration::from_secs(15));
+    nodes[2].restart();
+    wait_settled(&nodes[0], 3, 3);
+
+    let mut offline_lines = 0;
+    let mut online_lines = 0;
+    for (node, from) in nodes[..2].iter().zip(&sizes) {
+        let lines = log_lines_since(node, *from);
+        let events: Vec<Value> = lines
+            .iter()
+            .map(|line| {
+                serde_json::from_str(line)
+                    .unwrap_or_else(|error| panic!("a log line is not JSON ({error}): {line}"))
+            })
+            .collect();
+        let at = |level: &str| events.iter().filter(|e| e["level"] == level).count();
+        assert!(
+            lines.len() <= 20 && at("ERROR") <= 2,
+            "{} logged {} lines ({} at ERROR) about one peer's 15 s outage:\n{}",
+            node.spec.name.as_deref().unwrap(),
+            lines.len(),
+            at("ERROR"),
+            lines.join("\n")
+        );
+        offline_lines += events
+            .iter()
+            .filter(|e| e["level"] == "WARN" && e["name"] == "l3")
+            .filter(|e| e["message"].as_str().unwrap_or("").contains("offline"))
+            .count();
+        online_lines += events
+            .iter()
+            .filter(|e| e["level"] == "INFO" && e["name"] == "l3")
+            .filter(|e| e["message"].as_str().unwrap_or("").contains("back online"))
+            .count();
+    }
+    // Said by the leader (one of the survivors, or two if it changed).
+    assert!(
+        (1..=2).contains(&offline_lines),
+        "offline said {offline_lines} times"
+    );
+    assert!(
+        (1..=2).contains(&online_lines),
+        "back online said {online_lines} times"
+    );
+}
+
 #[test]
 fn volumes_keep_serving_without_a_leader() {
     if let Some(reason) = missing_tools(&["qemu-io"]) {

@@ -6,12 +6,17 @@ use trireme_node::cluster::ClusterConfig;
 use trireme_node::DaemonConfig;
 use trireme_types::NodeName;
 
-use crate::args::{NodeCommand, OutputFormat, RunArgs};
+use crate::args::{LogFormat, NodeCommand, OutputFormat, RunArgs};
 use crate::client::Client;
 use crate::output;
 
-/// Log level when RUST_LOG is not set.
-const DEFAULT_LOG_FILTER: &str = "info,openraft=warn";
+/// What is logged when RUST_LOG is not set. openraft reports every failed
+/// message to an unreachable peer (an ERROR and several WARNs, twice a
+/// second, for as long as the peer is down) from its replication modules:
+/// those are off, as the leader logs the peer's going and coming back once
+/// (`cluster::leader`). openraft's own failures (storage, a fatal core
+/// error) are logged by its core at ERROR, which stays on.
+pub const DEFAULT_LOG_FILTER: &str = "info,openraft=error,openraft::replication=off,openraft::engine::handler::replication_handler=off";
 
 pub fn run(command: NodeCommand, format: OutputFormat, client: impl Fn() -> Client) -> Result<()> {
     let json = format == OutputFormat::Json;
@@ -101,11 +106,16 @@ fn run_daemon(arguments: RunArgs) -> Result<()> {
     // scripts (the default pool, the demo volume, the ready line).
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
-    tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match arguments.log_format {
+        LogFormat::Text => log
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // One JSON object a line, the event's fields at the top level.
+        LogFormat::Json => log.json().flatten_event(true).init(),
+    }
     let name = match arguments.name {
         Some(name) => name,
         None => host_name()?,

@@ -239,7 +239,15 @@ async fn update_liveness(cluster: &Cluster) {
         liveness_decisions(&state, heard, now_ms)
     };
     for (node, state) in changes {
-        tracing::info!(node = %node, state = state.as_str(), "node state changes");
+        // One line when a node goes and one when it is back: what happens
+        // in between (failed messages, retries) is not logged per attempt.
+        let name = cluster.state.read().node_name(node);
+        match state {
+            NodeState::Online => tracing::info!(node = %node, %name, "node is back online"),
+            _ => {
+                tracing::warn!(node = %node, %name, state = state.as_str(), "node is offline: no heartbeat for {OFFLINE_AFTER:?}")
+            }
+        }
         if let Err(error) = cluster
             .write(Command::SetNodeState {
                 node,
