@@ -399,7 +399,19 @@ fn removing_a_node_moves_its_vote_and_guards_last_replicas() {
         .iter()
         .position(|node| node.spec.name.as_deref() == Some(removed.as_str()))
         .unwrap();
-    nodes[index].stop();
+    // The removed node learns it (from a member, or from its own copy of
+    // the state) and stops by itself, saying why.
+    let exit = nodes[index].wait_exit(Duration::from_secs(30));
+    assert!(
+        exit.is_some_and(|status| !status.success()),
+        "the removed node did not stop by itself ({exit:?})\n--- its log ---\n{}",
+        nodes[index].log_tail()
+    );
+    assert!(
+        nodes[index].log_tail().contains("was removed from cluster"),
+        "{}",
+        nodes[index].log_tail()
+    );
     let mut last = Value::Null;
     let moved = wait_until(Duration::from_secs(30), || {
         last = status(&nodes[0]);
@@ -418,6 +430,73 @@ fn removing_a_node_moves_its_vote_and_guards_last_replicas() {
     });
     assert!(moved, "the vote of {removed} did not move: {last:#}");
     assert_eq!(last["learners"].as_array().unwrap().len(), 0, "{last:#}");
+}
+
+/// A node removed while it was down comes back on its old data directory:
+/// it must refuse to start (members answer that it was removed), record
+/// that, and refuse again with no member around; nothing it held is served.
+#[test]
+fn a_removed_node_refuses_to_come_back() {
+    let mut nodes = vec![TestNode::start_with(spec("z1", None))];
+    for name in ["z2", "z3"] {
+        let node = joiner(&nodes[0], name);
+        nodes.push(node);
+    }
+    wait_settled(&nodes[0], 3, 3);
+    for volume in ["gone", "kept"] {
+        nodes[0].cli(&[
+            "volume", "create", volume, "--size", "16M", "--nodes", "z1,z2,z3",
+        ]);
+    }
+    nodes[0].cli(&["volume", "attach", "gone", "--node", "z3"]);
+
+    // z3 goes down, is removed, and a volume it served is deleted.
+    nodes[2].stop();
+    let mut last = Value::Null;
+    let offline = wait_until(Duration::from_secs(30), || {
+        last = status(&nodes[0]);
+        last["nodes"]["online"] == 2
+    });
+    assert!(offline, "z3 is not offline: {last:#}");
+    nodes[0].cli(&["node", "remove", "z3"]);
+    nodes[0].cli(&["volume", "delete", "gone"]);
+
+    let refused = nodes[2].start_refused();
+    let said = format!("{}{}", refused.stdout, refused.stderr);
+    assert!(
+        said.contains("was removed from cluster")
+            && said.contains("rm -rf")
+            && said.contains("--join"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("trireme node ready") && !said.contains("restarting the primary"),
+        "the removed node started something:\n{said}"
+    );
+    assert!(
+        !said.contains("add a machine with"),
+        "the removed node offered a join command:\n{said}"
+    );
+    let settled = wait_until(Duration::from_secs(30), || {
+        last = status(&nodes[0]);
+        last["nodes"]["total"] == 2 && last["nodes"]["online"] == 2
+    });
+    assert!(settled, "the members changed: {last:#}");
+    assert_eq!(
+        volume_names(&nodes[0]),
+        BTreeSet::from(["kept".to_string()])
+    );
+
+    // Recorded in its data directory: with every member down it still
+    // refuses, without asking anyone.
+    nodes[0].stop();
+    nodes[1].stop();
+    let again = nodes[2].start_refused();
+    let said = format!("{}{}", again.stdout, again.stderr);
+    assert!(
+        said.contains("was removed from cluster") && said.contains("answered"),
+        "{said}"
+    );
 }
 
 /// The lines `node` logged (stderr, without the copied stdout) since

@@ -67,6 +67,12 @@ pub async fn run(mut config: DaemonConfig) -> Result<(), NodeError> {
             error,
         )
     })?;
+    // A node that learned it was removed touches nothing, not even its pools.
+    if let Some(refusal) = cluster::identity::Identity::load(&config.data_dir)?
+        .and_then(|identity| identity.removed_error(&config.data_dir))
+    {
+        return Err(refusal);
+    }
     let node = Arc::new(start_node(&config).await?);
     let result = serve(&config, node.clone()).await;
     // Also after a failed start (e.g. a port in use): the pools were opened
@@ -227,10 +233,18 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
 
     let mut nbd_task = tokio::spawn(nbd_server.serve(stopped()));
 
+    let mut outcome = Ok(());
     tokio::select! {
         signal = stop_signal() => tracing::info!(signal, "stopping"),
         result = &mut api_task => tracing::error!(?result, "the REST API stopped on its own; stopping"),
         result = &mut nbd_task => tracing::error!(?result, "the NBD server stopped on its own; stopping"),
+        reason = removal(&cluster) => {
+            // Nothing this node holds may be served any more: stop, and
+            // refuse every later start on this data directory.
+            let refusal = cluster::start::record_removal(&cluster, &config.data_dir, reason);
+            tracing::error!("{refusal}");
+            outcome = Err(refusal);
+        }
     }
     let _ = stop_sender.send(true);
     let finished = async {
@@ -256,7 +270,19 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
         // Only our own socket: nobody else listens on it any more.
         let _ = std::fs::remove_file(path);
     }
-    Ok(())
+    outcome
+}
+
+/// Waits until a member (or this node's own copy of the state) says that
+/// this node was removed from the cluster; returns who said it.
+async fn removal(cluster: &cluster::Cluster) -> String {
+    let mut removed = cluster.peers.removed();
+    let reason = match removed.wait_for(Option::is_some).await {
+        Ok(reason) => reason.clone(),
+        // The sender lives as long as the cluster handle: never.
+        Err(_) => std::future::pending().await,
+    };
+    reason.unwrap_or_default()
 }
 
 /// Steps 1 to 3 of start-up, on a blocking thread (they do disk I/O).

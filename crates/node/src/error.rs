@@ -46,6 +46,15 @@ pub enum NodeError {
     DataDirInUse(PathBuf),
     #[error("the node is shutting down")]
     ShuttingDown,
+    /// This node was removed from its cluster (`trireme node remove`): its
+    /// data directory is stale, and nothing in it may be served or said.
+    #[error("this node (id {node_id}) was removed from cluster {cluster_id} ({reason}); nothing in its data directory {} may be served, and no member listens to it any more. To use this machine again: wipe the data directory (`rm -rf {}`; pools created outside it with `trireme pool create` need their files deleted or devices wiped too), then join as a new node: `trireme node run --join MEMBER:7450 --token TOKEN` (print the token on a member with `trireme cluster join-token`)", data_dir.display(), data_dir.display())]
+    Removed {
+        cluster_id: String,
+        node_id: trireme_types::NodeId,
+        reason: String,
+        data_dir: PathBuf,
+    },
     #[error("internal error: {0}")]
     Internal(String),
 }

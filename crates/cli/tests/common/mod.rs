@@ -550,44 +550,7 @@ impl TestNode {
     fn launch(&mut self) {
         assert!(self.child.is_none());
         self.starts += 1;
-        let data = self.data_dir();
-        std::fs::create_dir_all(&data).unwrap();
-        // Append mode for both writers (the node's stderr, and the thread
-        // copying its stdout below), so neither overwrites the other's lines.
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .unwrap();
-        // A restarted node keeps its ports: the cluster knows it by its
-        // API address.
-        let ip = self.ip();
-        let mut c = match &self.spec.netns {
-            Some(namespace) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", namespace]).arg(trireme_bin());
-                c
-            }
-            None => Command::new(trireme_bin()),
-        };
-        c.args(["node", "run", "--data-dir"])
-            .arg(&data)
-            .arg("--nbd-listen")
-            .arg(format!("{ip}:{}", self.nbd_port))
-            .arg("--nbd-socket")
-            .arg(data.join("nbd.sock"))
-            .arg("--api-listen")
-            .arg(format!("{ip}:{}", self.api_port))
-            .arg("--name")
-            .arg(self.spec.name.as_deref().unwrap_or("test"))
-            .args(&self.spec.args)
-            .env("RUST_BACKTRACE", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log));
-        if let Some((address, token)) = &self.spec.join {
-            c.args(["--join", address, "--token", token]);
-        }
+        let mut c = self.node_command();
         let what = render(&c);
         let mut child = c
             .spawn()
@@ -627,6 +590,82 @@ impl TestNode {
                 );
             }
         }
+    }
+
+    /// Starts the node again on its data dir expecting it to refuse: waits
+    /// (bounded) for it to exit and returns its output.
+    pub fn start_refused(&mut self) -> CmdOut {
+        self.kill9();
+        self.starts += 1;
+        let mut c = self.node_command();
+        let what = render(&c);
+        let out = exec(&mut c, READY_TIMEOUT);
+        assert!(
+            !out.timed_out && !out.success(),
+            "the node did not refuse to start\n{}",
+            out.describe(&what)
+        );
+        out
+    }
+
+    /// Waits (bounded) for the node to exit on its own; its exit status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let child = self.child.as_mut()?;
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `trireme node run` on this node's data dir, ports and spec; stderr
+    /// goes to the current log file.
+    fn node_command(&self) -> Command {
+        let data = self.data_dir();
+        std::fs::create_dir_all(&data).unwrap();
+        // Append mode for both writers (the node's stderr, and the thread
+        // copying its stdout below), so neither overwrites the other's lines.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap();
+        // A restarted node keeps its ports: the cluster knows it by its
+        // API address.
+        let ip = self.ip();
+        let mut c = match &self.spec.netns {
+            Some(namespace) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", namespace]).arg(trireme_bin());
+                c
+            }
+            None => Command::new(trireme_bin()),
+        };
+        c.args(["node", "run", "--data-dir"])
+            .arg(&data)
+            .arg("--nbd-listen")
+            .arg(format!("{ip}:{}", self.nbd_port))
+            .arg("--nbd-socket")
+            .arg(data.join("nbd.sock"))
+            .arg("--api-listen")
+            .arg(format!("{ip}:{}", self.api_port))
+            .arg("--name")
+            .arg(self.spec.name.as_deref().unwrap_or("test"))
+            .args(&self.spec.args)
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log));
+        if let Some((address, token)) = &self.spec.join {
+            c.args(["--join", address, "--token", token]);
+        }
+        c
     }
 
     /// The end of the current node log.

@@ -71,6 +71,7 @@ impl From<NodeError> for ApiError {
             // Only at start-up, before the API serves; here for completeness.
             NodeError::DataDirInUse(_) => (StatusCode::CONFLICT, "data_dir_in_use"),
             NodeError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            NodeError::Removed { .. } => (StatusCode::GONE, "node_removed"),
             NodeError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         ApiError::new(status, code, message)

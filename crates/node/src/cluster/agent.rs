@@ -78,6 +78,11 @@ pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), N
         let state = cluster.state.read();
         if !state.nodes.contains_key(&me) {
             // Not (yet, or no longer) a member: nothing is ours.
+            if super::was_removed(&state, me) {
+                cluster.peers.note_removed(
+                    "this node's own copy of the cluster state records its removal".into(),
+                );
+            }
             return Ok(());
         }
         (

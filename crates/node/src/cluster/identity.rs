@@ -1,6 +1,9 @@
 //! `DATA/cluster.json`: which cluster this node belongs to, its node id and
-//! the cluster secret that signs node-to-node requests. Written once, at
-//! cluster creation or join, atomically and readable by its owner only.
+//! the cluster secret that signs node-to-node requests. Written at cluster
+//! creation or join, atomically and readable by its owner only; written
+//! once more if the node learns that it was removed, so that it refuses to
+//! start on this data directory from then on, even with no member around
+//! to tell it again.
 
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -21,6 +24,17 @@ pub struct Identity {
     /// This node created the cluster: if it stopped before the first log
     /// entry was written, it initializes Raft again at the next start.
     pub founder: bool,
+    /// Set when this node learned that it was removed from the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed: Option<Removal>,
+}
+
+/// How a node learned of its removal, kept for the refusal at every start.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Removal {
+    pub learned_ms: u64,
+    /// Who said so, e.g. "node 1 at 127.0.0.1:7450 answered that it was removed".
+    pub reason: String,
 }
 
 impl Identity {
@@ -61,6 +75,28 @@ impl Identity {
             std::fs::File::open(data_dir)?.sync_all()
         };
         write().map_err(|error| NodeError::io(format!("write {}", path.display()), error))
+    }
+
+    /// Records durably that this node was removed, unless it already is.
+    pub fn record_removal(&mut self, data_dir: &Path, reason: String) -> Result<(), NodeError> {
+        if self.removed.is_none() {
+            self.removed = Some(Removal {
+                learned_ms: super::auth::now_ms(),
+                reason,
+            });
+            self.save(data_dir)?;
+        }
+        Ok(())
+    }
+
+    /// The refusal to start (or go on) of a removed node.
+    pub fn removed_error(&self, data_dir: &Path) -> Option<NodeError> {
+        self.removed.as_ref().map(|removal| NodeError::Removed {
+            cluster_id: self.cluster_id.clone(),
+            node_id: self.node_id,
+            reason: removal.reason.clone(),
+            data_dir: data_dir.to_path_buf(),
+        })
     }
 
     pub fn secret_bytes(&self) -> Vec<u8> {

@@ -129,6 +129,18 @@ pub(crate) fn verified<T: serde::de::DeserializeOwned>(
     }
     {
         let state = cluster.state.read();
+        if super::was_removed(&state, node) {
+            // Told apart from an unknown node so that a removed node that
+            // comes back learns it, records it and stops (see `peer`).
+            return Err(ApiError::new(
+                StatusCode::GONE,
+                peer::CODE_NODE_REMOVED,
+                format!(
+                    "node {node} was removed from cluster {}; it must not run on its old data directory",
+                    cluster.identity.cluster_id
+                ),
+            ));
+        }
         // A node that just joined has no state yet and must accept its
         // leader's first messages.
         if !state.nodes.is_empty() && !state.nodes.contains_key(&node) {

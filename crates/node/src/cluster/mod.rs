@@ -242,3 +242,10 @@ impl Cluster {
 }
 
 pub type SharedCluster = Arc<Cluster>;
+
+/// Whether `state` records that `node` was removed: its id was handed out
+/// (ids are never reused) and it is no longer a member. A state that has
+/// not yet applied the node's join says nothing about it.
+pub fn was_removed(state: &trireme_control::ClusterState, node: NodeId) -> bool {
+    !state.cluster_id.is_empty() && node.0 < state.next_node_id && !state.nodes.contains_key(&node)
+}

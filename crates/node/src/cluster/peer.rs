@@ -10,7 +10,9 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 use trireme_control::raft::{RaftError, TypeConfig};
 use trireme_types::NodeId;
 
@@ -36,7 +38,13 @@ pub enum PeerError {
     },
     #[error("{address} sent an unreadable answer: {detail}")]
     BadAnswer { address: String, detail: String },
+    /// The member at `address` says this node was removed from the cluster.
+    #[error("{address} answered that this node was removed from the cluster: {body}")]
+    Removed { address: String, body: String },
 }
+
+/// The `code` a member answers (with 410 Gone) to a removed node.
+pub const CODE_NODE_REMOVED: &str = "node_removed";
 
 /// Signs and sends requests to other members.
 #[derive(Clone)]
@@ -44,6 +52,9 @@ pub struct PeerClient {
     http: reqwest::Client,
     secret: Vec<u8>,
     me: NodeId,
+    /// Set, with who said it, when a member answers that this node was
+    /// removed; the daemon records it and stops (see `daemon::serve`).
+    removed: Arc<watch::Sender<Option<String>>>,
 }
 
 impl PeerClient {
@@ -54,7 +65,29 @@ impl PeerClient {
             .pool_max_idle_per_host(4)
             .build()
             .expect("an HTTP client without TLS always builds");
-        PeerClient { http, secret, me }
+        PeerClient {
+            http,
+            secret,
+            me,
+            removed: Arc::new(watch::channel(None).0),
+        }
+    }
+
+    /// Says that this node was removed (`reason`: who said so). The first
+    /// reason is kept.
+    pub fn note_removed(&self, reason: String) {
+        self.removed.send_if_modified(|removed| {
+            let first = removed.is_none();
+            if first {
+                *removed = Some(reason);
+            }
+            first
+        });
+    }
+
+    /// Why this node was removed, once a member or the local state said so.
+    pub fn removed(&self) -> watch::Receiver<Option<String>> {
+        self.removed.subscribe()
     }
 
     /// An unsigned client, for the join request (the joiner has no secret yet).
@@ -88,7 +121,11 @@ impl PeerClient {
                 address: address.to_string(),
                 source,
             })?;
-        read_answer(address, response).await
+        let answer = read_answer(address, response).await;
+        if let Err(PeerError::Removed { address, body }) = &answer {
+            self.note_removed(format!("the member at {address} answered: {body}"));
+        }
+        answer
     }
 }
 
@@ -105,15 +142,20 @@ pub async fn read_answer<A: DeserializeOwned>(
             source,
         })?;
     if !status.is_success() {
-        let body = serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()
-            .and_then(|value| {
-                value
-                    .get("error")
-                    .and_then(|e| e.as_str())
-                    .map(String::from)
-            })
-            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+        let json = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+        let field = |name: &str| {
+            json.as_ref()
+                .and_then(|value| value.get(name)?.as_str().map(String::from))
+        };
+        let body = field("error").unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+        if status == reqwest::StatusCode::GONE
+            && field("code").as_deref() == Some(CODE_NODE_REMOVED)
+        {
+            return Err(PeerError::Removed {
+                address: address.to_string(),
+                body,
+            });
+        }
         return Err(PeerError::Status {
             address: address.to_string(),
             status: status.as_u16(),

@@ -4,6 +4,14 @@
 //! 2. `--join ADDRESS --token TOKEN`: ask a member to add this node; the
 //!    answer gives the node id and the sealed cluster secret.
 //! 3. Neither: create a one-node cluster, with this node as its only voter.
+//!
+//! A member restarting on its data directory (1.) first makes sure it was
+//! not removed while it was down: it refuses to start when `cluster.json`
+//! records a removal, when its own copy of the state does, or when a member
+//! answers that it was removed (recording that, so the next start refuses
+//! too without asking anyone). Only then does the daemon start engines and
+//! serve: a removed node's state is stale (volumes deleted since, primaries
+//! moved) and nothing it says may be believed.
 
 use openraft::BasicNode;
 use std::collections::BTreeMap;
@@ -14,7 +22,7 @@ use trireme_control::{raft, Command, NodeRegistration};
 use trireme_types::NodeId;
 
 use super::identity::Identity;
-use super::internal::{JoinRequest, JoinResponse, PATH_JOIN};
+use super::internal::{Heartbeat, JoinRequest, JoinResponse, PATH_HEARTBEAT, PATH_JOIN};
 use super::leader::Liveness;
 use super::peer::{self, Network, PeerClient};
 use super::{auth, Cluster, ClusterConfig, ClusterError};
@@ -39,6 +47,12 @@ pub async fn start(
         labels: config.labels.clone(),
     };
     let existing = Identity::load(data_dir)?;
+    if let Some(refusal) = existing
+        .as_ref()
+        .and_then(|identity| identity.removed_error(data_dir))
+    {
+        return Err(refusal);
+    }
     let (identity, fresh) = match existing {
         Some(identity) => {
             if config.join.is_some() {
@@ -54,6 +68,7 @@ pub async fn start(
                     node_id: NodeId(1),
                     secret: auth::random_hex(32),
                     founder: true,
+                    removed: None,
                 };
                 identity.save(data_dir)?;
                 (identity, true)
@@ -98,7 +113,83 @@ pub async fn start(
     if cluster.identity.founder && cluster.state.read().cluster_id.is_empty() {
         create(&cluster, registration).await?;
     }
+    if !fresh {
+        if let Err(refusal) = confirm_membership(&cluster, data_dir).await {
+            if let Err(error) = cluster.raft.shutdown().await {
+                tracing::warn!(%error, "Raft did not stop cleanly");
+            }
+            return Err(refusal);
+        }
+    }
     Ok(cluster)
+}
+
+/// Records durably that this node was removed, and returns the refusal to
+/// run that every later start gives too.
+pub fn record_removal(cluster: &Cluster, data_dir: &Path, reason: String) -> NodeError {
+    let mut identity = cluster.identity.clone();
+    if let Err(error) = identity.record_removal(data_dir, reason) {
+        tracing::error!(%error, "cannot record in the data directory that this node was removed");
+    }
+    identity
+        .removed_error(data_dir)
+        .expect("a removal was just recorded")
+}
+
+/// A restarted member asks the other members whether it still is one (a
+/// signed heartbeat: a member answers 410 to a removed node), and looks at
+/// its own copy of the state. With no member reachable it goes on: a
+/// removed node cannot commit anything without them, and the first one
+/// that answers later stops it (see `daemon::serve`).
+async fn confirm_membership(cluster: &Arc<Cluster>, data_dir: &Path) -> Result<(), NodeError> {
+    let me = cluster.node_id();
+    let peers: Vec<String> = {
+        let state = cluster.state.read();
+        if super::was_removed(&state, me) {
+            drop(state);
+            return Err(record_removal(
+                cluster,
+                data_dir,
+                "this node's own copy of the cluster state records its removal".into(),
+            ));
+        }
+        state
+            .nodes
+            .values()
+            .filter(|node| node.id != me)
+            .map(|node| node.api_address.clone())
+            .collect()
+    };
+    if peers.is_empty() {
+        return Ok(());
+    }
+    let mut asked = tokio::task::JoinSet::new();
+    for address in peers {
+        let client = cluster.peers.clone();
+        asked.spawn(async move {
+            client
+                .post::<_, bool>(&address, PATH_HEARTBEAT, &Heartbeat { node: me })
+                .await
+        });
+    }
+    let mut confirmed = 0;
+    while let Some(answer) = asked.join_next().await {
+        if matches!(answer, Ok(Ok(_))) {
+            confirmed += 1;
+        }
+    }
+    // A member that says "removed" read it from the committed log; one
+    // that says "member" may be as stale as this node: the removal wins.
+    let removed = cluster.peers.removed().borrow().clone();
+    if let Some(reason) = removed {
+        return Err(record_removal(cluster, data_dir, reason));
+    }
+    if confirmed == 0 {
+        tracing::warn!(
+            "no other member answered; starting on this node's own copy of the cluster state"
+        );
+    }
+    Ok(())
 }
 
 /// A new cluster: this node alone votes, then writes the first entry.
@@ -183,5 +274,6 @@ async fn join(
         node_id: answer.node_id,
         secret: hex::encode(secret),
         founder: false,
+        removed: None,
     })
 }
