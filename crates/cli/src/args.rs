@@ -321,6 +321,45 @@ pub enum NodeCommand {
         #[arg(value_parser = parse_node_name)]
         name: NodeName,
     },
+    /// Show one node: state and since when, role, addresses, labels, pools,
+    /// and the replicas it holds.
+    Show {
+        #[arg(value_parser = parse_node_name)]
+        name: NodeName,
+    },
+    /// Set or remove a node's placement labels.
+    ///
+    /// Replicas stay where they are; `trireme status` then names the volumes
+    /// whose placement no longer satisfies their group, and how to move them.
+    /// (A node restarted with `--label` replaces its labels with those.)
+    ///
+    /// Examples:
+    ///   trireme node label pve1 zone=a rack=r1
+    ///   trireme node label pve1 rack-
+    #[command(verbatim_doc_comment)]
+    Label {
+        #[arg(value_parser = parse_node_name)]
+        name: NodeName,
+        /// KEY=VALUE to set, or KEY- to remove.
+        #[arg(required = true, value_parser = parse_label_change)]
+        changes: Vec<LabelChange>,
+    },
+}
+
+/// One argument of `trireme node label`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LabelChange {
+    Set(String, String),
+    Remove(String),
+}
+
+fn parse_label_change(text: &str) -> Result<LabelChange, String> {
+    match text.strip_suffix('-') {
+        Some(key) if !text.contains('=') => parse_label_key(key).map(LabelChange::Remove),
+        _ => parse_label(text)
+            .map(|(key, value)| LabelChange::Set(key, value))
+            .map_err(|error| format!("{error} (or KEY- to remove it)")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -689,6 +728,19 @@ pub enum GroupCommand {
     Create(GroupCreateArgs),
     /// List the resource groups and their policies.
     List,
+    /// Change a resource group: only the options given change, checked as
+    /// at creation.
+    ///
+    /// Replicas already placed stay where they are: `trireme status` then
+    /// names the volumes that no longer satisfy the group and how to move
+    /// them. New volumes and new replicas follow the new settings.
+    ///
+    /// Examples:
+    ///   trireme group modify fast --place-count 2
+    ///   trireme group modify fast --replicas-on-different zone,rack
+    ///   trireme group modify fast --any-class --any-pool
+    #[command(verbatim_doc_comment)]
+    Modify(GroupModifyArgs),
     /// Delete a resource group no volume uses. The group `default` stays.
     Delete {
         #[arg(value_parser = parse_group_name)]
@@ -731,6 +783,40 @@ pub struct GroupCreateArgs {
     /// replicas): fail with an I/O error, or wait until the quorum returns.
     #[arg(long, value_enum, default_value_t = OnNoQuorum::IoError)]
     pub on_no_quorum: OnNoQuorum,
+}
+
+#[derive(Debug, Args)]
+pub struct GroupModifyArgs {
+    #[arg(value_parser = parse_group_name)]
+    pub name: GroupName,
+    /// Diskful replicas per volume, 1 to 7.
+    #[arg(long, value_name = "N")]
+    pub place_count: Option<usize>,
+    /// The fewest diskful replicas a new volume may be created with.
+    #[arg(long, value_name = "N")]
+    pub min_place_count: Option<usize>,
+    /// Only pools of these names qualify (replaces the list).
+    #[arg(long = "pool", value_name = "POOL", value_delimiter = ',', value_parser = parse_pool_name)]
+    pub pools: Option<Vec<PoolName>>,
+    /// Any pool qualifies.
+    #[arg(long, conflicts_with = "pools")]
+    pub any_pool: bool,
+    /// Only pools of this device class qualify: nvme, ssd or hdd.
+    #[arg(long, value_parser = parse_device_class)]
+    pub class: Option<DeviceClass>,
+    /// Pools of any device class qualify.
+    #[arg(long, conflicts_with = "class")]
+    pub any_class: bool,
+    /// Label keys whose values must differ between replicas (replaces the list).
+    #[arg(long, value_name = "KEY", value_delimiter = ',', value_parser = parse_label_key)]
+    pub replicas_on_different: Option<Vec<String>>,
+    /// Replicas may share every label value.
+    #[arg(long, conflicts_with = "replicas_on_different")]
+    pub replicas_anywhere: bool,
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub diskless_on_remaining: Option<Switch>,
+    #[arg(long, value_enum)]
+    pub on_no_quorum: Option<OnNoQuorum>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -1115,6 +1201,40 @@ mod tests {
             parse(&["volume", "create", "vm1"]).is_err(),
             "--size is required"
         );
+    }
+
+    #[test]
+    fn node_label_sets_and_removes() {
+        let cli = parse(&["node", "label", "n1", "zone=a", "rack-"]).unwrap();
+        let Command::Node(NodeCommand::Label { name, changes }) = cli.command else {
+            panic!("not node label");
+        };
+        assert_eq!(name.as_str(), "n1");
+        assert_eq!(
+            changes,
+            vec![
+                LabelChange::Set("zone".into(), "a".into()),
+                LabelChange::Remove("rack".into())
+            ]
+        );
+        let error = parse(&["node", "label", "n1", "zone"]).unwrap_err();
+        assert!(error.to_string().contains("KEY- to remove"), "{error}");
+        assert!(
+            parse(&["node", "label", "n1"]).is_err(),
+            "a change is required"
+        );
+    }
+
+    #[test]
+    fn group_modify_changes_only_what_is_given() {
+        let cli = parse(&["group", "modify", "g", "--place-count", "2", "--any-class"]).unwrap();
+        let Command::Group(GroupCommand::Modify(arguments)) = cli.command else {
+            panic!("not group modify");
+        };
+        assert_eq!(arguments.place_count, Some(2));
+        assert!(arguments.any_class && arguments.class.is_none());
+        assert_eq!(arguments.pools, None);
+        assert!(parse(&["group", "modify", "g", "--class", "ssd", "--any-class"]).is_err());
     }
 
     #[test]

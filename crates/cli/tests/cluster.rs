@@ -581,6 +581,113 @@ fn a_peer_outage_is_logged_once_and_logs_are_json() {
     );
 }
 
+fn placement_warnings(node: &TestNode) -> Vec<String> {
+    status(node)["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|warning| warning.as_str())
+        .filter(|warning| warning.contains("no longer satisfies its group"))
+        .map(String::from)
+        .collect()
+}
+
+/// Labels change through the CLI and on a restart with other `--label`s, a
+/// group changes with `group modify`, and `status` names the volumes whose
+/// placement no longer satisfies their group.
+#[test]
+fn labels_and_groups_change_and_placement_is_rechecked() {
+    let labelled = |name: &str, zone: &str, join| NodeSpec {
+        args: vec!["--label".into(), format!("zone={zone}")],
+        ..spec(name, join)
+    };
+    let first = TestNode::start_with(labelled("g1", "a", None));
+    let join = Some((first.api_address(), join_token(&first)));
+    let mut second = TestNode::start_with(labelled("g2", "b", join));
+    let mut last = Value::Null;
+    let settled = wait_until(Duration::from_secs(60), || {
+        last = status(&first);
+        last["nodes"]["online"] == 2 && last["leader"].is_string()
+    });
+    assert!(settled, "{last:#}");
+    first.cli(&[
+        "group",
+        "create",
+        "zoned",
+        "--place-count",
+        "2",
+        "--replicas-on-different",
+        "zone",
+    ]);
+    first.cli(&["volume", "create", "v", "--size", "16M", "--group", "zoned"]);
+    assert_eq!(placement_warnings(&first), Vec::<String>::new());
+
+    // Through the CLI: g2 moves into g1's zone.
+    let api = first.api_url();
+    let said = run(&mut cmd(
+        trireme_bin(),
+        &["--api", &api, "node", "label", "g2", "zone=a", "rack=r1"],
+    ));
+    assert!(
+        said.contains("zone=a") && said.contains("g1 and g2 both have zone=a"),
+        "{said}"
+    );
+    let shown = first.cli_json(&["node", "show", "g2"]);
+    assert_eq!(shown["labels"]["zone"], "a", "{shown:#}");
+    assert_eq!(shown["state"], "online", "{shown:#}");
+    assert_eq!(shown["replicas"][0]["volume"], "v", "{shown:#}");
+    assert!(shown["pool_list"]
+        .as_array()
+        .is_some_and(|pools| !pools.is_empty()));
+    let [warning] = placement_warnings(&first).try_into().unwrap();
+    assert!(
+        warning.contains("volume v") && warning.contains("replica remove v --node g2"),
+        "{warning}"
+    );
+    first.cli(&["node", "label", "g2", "rack-"]);
+    let shown = first.cli_json(&["node", "show", "g2"]);
+    assert!(shown["labels"].get("rack").is_none(), "{shown:#}");
+
+    // On a restart with another --label: the node proposes its labels.
+    second.spec.args = vec!["--label".into(), "zone=c".into()];
+    second.restart();
+    let mut left = Vec::new();
+    let fixed = wait_until(Duration::from_secs(30), || {
+        left = placement_warnings(&first);
+        left.is_empty()
+    });
+    assert!(fixed, "{left:?}");
+    assert_eq!(
+        first.cli_json(&["node", "show", "g2"])["labels"]["zone"],
+        "c"
+    );
+
+    // group modify: validated as create, and placement re-checked.
+    let refused = first.cli_fail(&["group", "modify", "zoned", "--place-count", "0"]);
+    assert!(
+        refused.stderr.contains("place-count 0"),
+        "{}",
+        refused.stderr
+    );
+    let unknown = first.cli_fail(&["group", "modify", "nope", "--place-count", "2"]);
+    assert!(unknown.stderr.contains("nope"), "{}", unknown.stderr);
+    first.cli(&["group", "modify", "zoned", "--class", "nvme"]);
+    let groups = first.cli_json(&["group", "list"]);
+    let zoned = groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|group| group["name"] == "zoned")
+        .unwrap();
+    assert_eq!(zoned["class"], "nvme", "{groups:#}");
+    assert_eq!(zoned["replicas_on_different"][0], "zone", "{groups:#}");
+    let warnings = placement_warnings(&first);
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(warnings[0].contains("the group wants nvme"), "{warnings:?}");
+    first.cli(&["group", "modify", "zoned", "--any-class"]);
+    assert_eq!(placement_warnings(&first), Vec::<String>::new());
+}
+
 #[test]
 fn volumes_keep_serving_without_a_leader() {
     if let Some(reason) = missing_tools(&["qemu-io"]) {

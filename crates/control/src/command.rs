@@ -66,6 +66,19 @@ pub enum Command {
     DeleteGroup {
         name: GroupName,
     },
+    /// Replace a resource group's settings (its name stays), validated as
+    /// at creation. Replicas already placed stay where they are: `status`
+    /// names the volumes that no longer satisfy the group.
+    ModifyGroup {
+        group: ResourceGroup,
+    },
+    /// Replace a node's placement labels (through the API, or the node
+    /// itself when restarted with other `--label`s). Replicas stay where
+    /// they are; `status` names the volumes whose placement broke.
+    SetNodeLabels {
+        node: NodeId,
+        labels: BTreeMap<String, String>,
+    },
     CreateVolume {
         name: VolumeName,
         size_bytes: u64,
@@ -396,6 +409,8 @@ impl ClusterState {
             Command::ReportPools { node, pools } => self.report_pools(node, pools),
             Command::CreateGroup { group } => self.create_group(group),
             Command::DeleteGroup { name } => self.delete_group(name),
+            Command::ModifyGroup { group } => self.modify_group(group),
+            Command::SetNodeLabels { node, labels } => self.set_node_labels(node, labels),
             Command::CreateVolume {
                 name,
                 size_bytes,
@@ -692,22 +707,73 @@ impl ClusterState {
                 name: group.name.to_string(),
             });
         }
-        if group.place_count == 0 || group.place_count > MAX_PLACE_COUNT {
-            return Err(CommandError::Invalid(format!(
-                "place-count {} is out of range: use 1 to {MAX_PLACE_COUNT}",
-                group.place_count
-            )));
-        }
-        if group.min_place_count == 0 || group.min_place_count > group.place_count {
-            return Err(CommandError::Invalid(format!(
-                "min-place-count {} is out of range: use 1 to the place-count ({})",
-                group.min_place_count, group.place_count
-            )));
-        }
+        validate_group(&group)?;
         self.groups.insert(group.name.clone(), group);
         Ok(Reply::Done)
     }
 
+    fn modify_group(&mut self, group: ResourceGroup) -> Result<Reply, CommandError> {
+        if !self.groups.contains_key(&group.name) {
+            return Err(CommandError::UnknownGroup {
+                name: group.name.to_string(),
+            });
+        }
+        validate_group(&group)?;
+        self.groups.insert(group.name.clone(), group);
+        Ok(Reply::Done)
+    }
+
+    fn set_node_labels(
+        &mut self,
+        node: NodeId,
+        labels: BTreeMap<String, String>,
+    ) -> Result<Reply, CommandError> {
+        if let Some((key, value)) = labels
+            .iter()
+            .find(|(key, value)| !valid_label_part(key) || !valid_label_part(value))
+        {
+            return Err(CommandError::Invalid(format!(
+                "label '{key}={value}': use letters, digits, '-', '_', '.' and '/' on both sides of '='"
+            )));
+        }
+        let record = self
+            .nodes
+            .get_mut(&node)
+            .ok_or(CommandError::UnknownNode { node })?;
+        record.labels = labels;
+        Ok(Reply::Done)
+    }
+}
+
+/// A label key or value: what `--label` accepts.
+fn valid_label_part(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 63
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+}
+
+/// The rules a resource group obeys, at creation and at every change. (A
+/// rule added here must not refuse what an older log holds: replayed, the
+/// log must give the same state.)
+fn validate_group(group: &ResourceGroup) -> Result<(), CommandError> {
+    if group.place_count == 0 || group.place_count > MAX_PLACE_COUNT {
+        return Err(CommandError::Invalid(format!(
+            "place-count {} is out of range: use 1 to {MAX_PLACE_COUNT}",
+            group.place_count
+        )));
+    }
+    if group.min_place_count == 0 || group.min_place_count > group.place_count {
+        return Err(CommandError::Invalid(format!(
+            "min-place-count {} is out of range: use 1 to the place-count ({})",
+            group.min_place_count, group.place_count
+        )));
+    }
+    Ok(())
+}
+
+impl ClusterState {
     fn delete_group(&mut self, name: GroupName) -> Result<Reply, CommandError> {
         if name.as_str() == DEFAULT_GROUP {
             return Err(CommandError::DefaultGroup);

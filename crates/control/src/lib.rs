@@ -5,6 +5,8 @@
 //!   their placement.
 //! - [`command`]: the commands of the replicated log and the pure function
 //!   that applies them (tested without any I/O).
+//! - [`conformance`]: whether placed replicas still satisfy their group
+//!   after labels or the group changed.
 //! - [`placer`]: the autoplacer, a pure function from candidates and a
 //!   resource group to a placement or a refusal that explains itself.
 //! - [`raft`]: openraft's types and its storage (log, vote, snapshots) in
@@ -12,6 +14,7 @@
 //! - [`snapshot`]: volume snapshots, rollbacks, clones' origins and
 //!   schedules, and the fencing of detached volumes.
 pub mod command;
+pub mod conformance;
 pub mod model;
 pub mod placer;
 pub mod raft;

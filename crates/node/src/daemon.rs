@@ -207,6 +207,7 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
             "this node has not received the cluster state yet; is the leader reachable?"
         );
     }
+    cluster::start::propose_labels(&cluster).await;
     // Report this node's pools before anything is placed on them.
     if let Err(error) = cluster::agent::reconcile(&cluster, &node).await {
         tracing::warn!(%error, "the first report of this node's pools failed; the agent retries");

@@ -1984,6 +1984,8 @@ fn describe(command: &Command) -> String {
             group.name, group.min_place_count, group.place_count, group.replicas_on_different
         ),
         Command::DeleteGroup { name } => format!("delete group {name}"),
+        Command::ModifyGroup { group } => format!("modify group {}", group.name),
+        Command::SetNodeLabels { node, labels } => format!("node {node} labels {labels:?}"),
         Command::AddNode { node, nonce, .. } => format!("add node {} (nonce {nonce})", node.name),
         Command::RemoveNode { node } => format!("remove node {node}"),
         Command::SetNodeState { node, state, .. } => {

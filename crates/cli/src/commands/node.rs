@@ -1,12 +1,15 @@
-//! `trireme node run` (the daemon) and `trireme node info`.
+//! `trireme node run` (the daemon), `node info`, `list`, `show`, `label`
+//! and `remove`.
 
 use anyhow::{Context, Result};
-use trireme_node::api::model::{NodeEntry, NodeResponse, VolumeResponse};
+use trireme_node::api::model::{
+    NodeDetail, NodeEntry, NodeLabelsBody, NodeResponse, StatusResponse, VolumeResponse,
+};
 use trireme_node::cluster::ClusterConfig;
 use trireme_node::DaemonConfig;
-use trireme_types::NodeName;
+use trireme_types::{format_size, NodeName};
 
-use crate::args::{LogFormat, NodeCommand, OutputFormat, RunArgs};
+use crate::args::{LabelChange, LogFormat, NodeCommand, OutputFormat, RunArgs};
 use crate::client::Client;
 use crate::output;
 
@@ -41,6 +44,117 @@ pub fn run(command: NodeCommand, format: OutputFormat, client: impl Fn() -> Clie
             Ok(())
         }
         NodeCommand::Remove { name } => remove(&client(), &name, json),
+        NodeCommand::Show { name } => {
+            let answer = client().get(&format!("/nodes/{name}"))?;
+            if json {
+                output::print_json(&answer);
+            } else {
+                print_node(&answer.parse::<NodeDetail>()?);
+            }
+            Ok(())
+        }
+        NodeCommand::Label { name, changes } => {
+            let mut body = NodeLabelsBody::default();
+            for change in changes {
+                match change {
+                    LabelChange::Set(key, value) => {
+                        body.set.insert(key, value);
+                    }
+                    LabelChange::Remove(key) => body.remove.push(key),
+                }
+            }
+            let client = client();
+            let answer = client.put(&format!("/nodes/{name}/labels"), &body)?;
+            if json {
+                output::print_json(&answer);
+                return Ok(());
+            }
+            let node: NodeDetail = answer.parse()?;
+            println!("node '{name}' labels: {}", labels_text(&node.node.labels));
+            print_placement_warnings(&client)
+        }
+    }
+}
+
+fn labels_text(labels: &std::collections::BTreeMap<String, String>) -> String {
+    if labels.is_empty() {
+        return "-".into();
+    }
+    labels
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// After a label or group change: the volumes whose replicas no longer
+/// satisfy their group, as `status` words them (with the commands).
+pub fn print_placement_warnings(client: &Client) -> Result<()> {
+    let status: StatusResponse = client.get("/status")?.parse()?;
+    let misplaced: Vec<&String> = status
+        .warnings
+        .iter()
+        .filter(|warning| warning.contains("no longer satisfies its group"))
+        .collect();
+    if misplaced.is_empty() {
+        println!("every volume's placement still satisfies its group");
+    }
+    for warning in misplaced {
+        println!("warning: {warning}");
+    }
+    Ok(())
+}
+
+/// `trireme node show NAME`.
+fn print_node(detail: &NodeDetail) {
+    let node = &detail.node;
+    println!("node {} (id {})", node.name, node.id);
+    println!(
+        "  state:    {} for {} (since {})",
+        node.state,
+        output::format_age(node.state_seconds),
+        output::format_unix_time(detail.state_since_ms / 1000)
+    );
+    println!("  role:     {} in the control plane", node.role);
+    println!(
+        "  joined:   {}",
+        output::format_unix_time(detail.joined_ms / 1000)
+    );
+    println!("  labels:   {}", labels_text(&node.labels));
+    println!("  api:      {}", node.api_address);
+    println!("  nbd:      {}", node.nbd_address.as_deref().unwrap_or("-"));
+    println!(
+        "  data:     {}",
+        node.data_address.as_deref().unwrap_or("-")
+    );
+    if detail.pool_list.is_empty() {
+        println!("  pools:    none");
+    }
+    for pool in &detail.pool_list {
+        println!(
+            "  pool:     {} ({}, {} free of {}{})",
+            pool.name,
+            pool.class,
+            format_size(pool.free_bytes),
+            format_size(pool.capacity_bytes),
+            if pool.online { "" } else { ", offline" }
+        );
+    }
+    if detail.replicas.is_empty() {
+        println!("  replicas: none");
+    }
+    for replica in &detail.replicas {
+        let mut text = format!("{} {}", replica.volume, replica.kind);
+        if let Some(pool) = &replica.pool {
+            text.push_str(&format!(" in {pool}"));
+        }
+        if replica.data != "-" {
+            text.push_str(&format!(", {}", replica.data));
+        }
+        if replica.primary {
+            text.push_str(", attached here");
+        }
+        println!("  replica:  {text}");
     }
 }
 

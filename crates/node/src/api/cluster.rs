@@ -48,22 +48,30 @@ pub async fn list_nodes(State(state): State<ApiState>) -> Json<Vec<NodeEntry>> {
         cluster_state
             .nodes
             .values()
-            .map(|node| NodeEntry {
-                id: node.id.0,
-                name: node.name.to_string(),
-                api_address: node.api_address.clone(),
-                nbd_address: node.nbd_address.clone(),
-                data_address: node.data_address.clone(),
-                labels: node.labels.clone(),
-                state: node.state.as_str().to_string(),
-                state_seconds: seconds_since(node.state_since_ms),
-                role: role(&state, node.id.0, &voters).to_string(),
-                pools: node.pools.len(),
-                capacity_bytes: node.pools.values().map(|pool| pool.capacity_bytes).sum(),
-                free_bytes: node.pools.values().map(|pool| pool.free_bytes).sum(),
-            })
+            .map(|node| node_entry(&state, node, &voters))
             .collect(),
     )
+}
+
+pub(super) fn node_entry(
+    state: &ApiState,
+    node: &trireme_control::NodeRecord,
+    voters: &BTreeSet<u64>,
+) -> NodeEntry {
+    NodeEntry {
+        id: node.id.0,
+        name: node.name.to_string(),
+        api_address: node.api_address.clone(),
+        nbd_address: node.nbd_address.clone(),
+        data_address: node.data_address.clone(),
+        labels: node.labels.clone(),
+        state: node.state.as_str().to_string(),
+        state_seconds: seconds_since(node.state_since_ms),
+        role: role(state, node.id.0, voters).to_string(),
+        pools: node.pools.len(),
+        capacity_bytes: node.pools.values().map(|pool| pool.capacity_bytes).sum(),
+        free_bytes: node.pools.values().map(|pool| pool.free_bytes).sum(),
+    }
 }
 
 #[utoipa::path(delete, path = "/api/v1/nodes/{name}", tag = "cluster",
@@ -134,6 +142,41 @@ pub async fn create_group(
     State(state): State<ApiState>,
     ApiJson(body): ApiJson<GroupBody>,
 ) -> Result<(StatusCode, Json<GroupBody>), ApiError> {
+    let group = group_from_body(&body)?;
+    let answer = group_body(&group);
+    state.cluster.write(Command::CreateGroup { group }).await?;
+    Ok((StatusCode::CREATED, Json(answer)))
+}
+
+#[utoipa::path(put, path = "/api/v1/groups/{name}", tag = "cluster", request_body = GroupBody,
+    params(("name" = String, Path, description = "Group name")),
+    responses(
+        (status = 200, description = "Group changed; replicas stay where they are, and `status` names the volumes that no longer satisfy it", body = GroupBody),
+        (status = 400, description = "Bad count, class or policy, or another name in the body", body = ErrorBody),
+        (status = 404, description = "No such group", body = ErrorBody)))]
+pub async fn modify_group(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<GroupBody>,
+) -> Result<Json<GroupBody>, ApiError> {
+    if body.name != name {
+        return Err(ApiError::bad_request(
+            "invalid_request",
+            format!(
+                "the body names group '{}' but the path group '{name}'; a group cannot be renamed",
+                body.name
+            ),
+        ));
+    }
+    let group = group_from_body(&body)?;
+    let answer = group_body(&group);
+    state.cluster.write(Command::ModifyGroup { group }).await?;
+    Ok(Json(answer))
+}
+
+/// A group as the API received it, checked as far as the body allows (the
+/// counts are checked when the command is applied).
+fn group_from_body(body: &GroupBody) -> Result<ResourceGroup, ApiError> {
     let bad = |message: String| ApiError::bad_request("invalid_request", message);
     let class = body
         .class
@@ -174,9 +217,7 @@ pub async fn create_group(
         diskless_on_remaining: body.diskless_on_remaining,
         on_no_quorum,
     };
-    let answer = group_body(&group);
-    state.cluster.write(Command::CreateGroup { group }).await?;
-    Ok((StatusCode::CREATED, Json(answer)))
+    Ok(group)
 }
 
 #[utoipa::path(delete, path = "/api/v1/groups/{name}", tag = "cluster",
@@ -270,6 +311,21 @@ fn eta_text(seconds: u64) -> String {
         600..3600 => format!("{}m", seconds / 60),
         _ => format!("{}h{}m", seconds / 3600, seconds % 3600 / 60),
     }
+}
+
+/// A warning per replica placed against its group's rules (after a label
+/// or group change), with the commands that move it.
+fn placement_warnings(volume: &VolumeRecord, state: &ClusterState) -> Vec<String> {
+    trireme_control::conformance::misplaced_replicas(state, volume)
+        .into_iter()
+        .map(|misplaced| {
+            let node = state.node_name(misplaced.node);
+            format!(
+                "volume {} no longer satisfies its group {}: {}. To move that replica: `trireme volume replica add {}`, wait for it (`trireme volume show {} --wait`), then `trireme volume replica remove {} --node {node}`",
+                volume.name, volume.group, misplaced.reason, volume.name, volume.name, volume.name
+            )
+        })
+        .collect()
 }
 
 /// A warning per diskful replica that is not up to date: a running resync
@@ -561,6 +617,7 @@ pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
         if !volume.deleting {
             warnings.extend(resync_warnings(volume, &cluster_state, now_ms));
         }
+        warnings.extend(placement_warnings(volume, &cluster_state));
     }
     let this_node = cluster_state.node_name(state.cluster.node_id());
     Json(StatusResponse {

@@ -13,6 +13,7 @@
 mod cluster;
 pub mod error;
 pub mod model;
+mod nodes;
 mod pools;
 mod snapshots;
 mod system;
@@ -93,6 +94,9 @@ pub struct ApiState {
         cluster::status,
         cluster::list_nodes,
         cluster::remove_node,
+        nodes::show_node,
+        nodes::set_node_labels,
+        cluster::modify_group,
         cluster::list_groups,
         cluster::create_group,
         cluster::delete_group,
@@ -174,7 +178,11 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/nodes", get(cluster::list_nodes))
         .route(
             "/api/v1/nodes/{name}",
-            axum::routing::delete(cluster::remove_node),
+            get(nodes::show_node).delete(cluster::remove_node),
+        )
+        .route(
+            "/api/v1/nodes/{name}/labels",
+            axum::routing::put(nodes::set_node_labels),
         )
         .route(
             "/api/v1/groups",
@@ -182,7 +190,7 @@ pub fn router(state: ApiState) -> Router {
         )
         .route(
             "/api/v1/groups/{name}",
-            axum::routing::delete(cluster::delete_group),
+            axum::routing::delete(cluster::delete_group).put(cluster::modify_group),
         )
         .route(
             "/api/v1/cluster/settings",

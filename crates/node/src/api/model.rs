@@ -280,6 +280,51 @@ pub struct NodeEntry {
     pub free_bytes: u64,
 }
 
+/// `GET /api/v1/nodes/{name}`: one node in full (`trireme node show`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeDetail {
+    #[serde(flatten)]
+    pub node: NodeEntry,
+    /// When the node entered its state (ms since the Unix epoch).
+    pub state_since_ms: u64,
+    /// When the node joined the cluster (ms since the Unix epoch).
+    pub joined_ms: u64,
+    pub pool_list: Vec<NodePool>,
+    /// Every volume with a replica (or a primary) on this node.
+    pub replicas: Vec<NodeReplica>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodePool {
+    pub name: String,
+    pub class: String,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub online: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeReplica {
+    pub volume: String,
+    /// `diskful`, `diskless` or `tiebreaker`.
+    pub kind: String,
+    pub pool: Option<String>,
+    /// A diskful replica: `up-to-date` or `outdated`; `-` otherwise.
+    pub data: String,
+    /// The volume is attached here (this node is one of its primaries).
+    pub primary: bool,
+}
+
+/// `PUT /api/v1/nodes/{name}/labels`: labels to set and keys to remove.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeLabelsBody {
+    #[serde(default)]
+    pub set: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct GroupBody {
     pub name: String,

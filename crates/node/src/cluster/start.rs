@@ -124,6 +124,38 @@ pub async fn start(
     Ok(cluster)
 }
 
+/// A member restarted with `--label`s other than the recorded ones
+/// proposes them: they replace the recorded labels. Without `--label` the
+/// recorded ones stay (they may have been set with `trireme node label`).
+/// Placement is not changed; `status` names volumes that no longer satisfy
+/// their group.
+pub async fn propose_labels(cluster: &Cluster) {
+    let me = cluster.node_id();
+    let wanted = &cluster.config.labels;
+    let recorded = cluster
+        .state
+        .read()
+        .nodes
+        .get(&me)
+        .map(|node| node.labels.clone());
+    let Some(recorded) = recorded else {
+        return;
+    };
+    if wanted.is_empty() || *wanted == recorded {
+        return;
+    }
+    let command = Command::SetNodeLabels {
+        node: me,
+        labels: wanted.clone(),
+    };
+    match cluster.write(command).await {
+        Ok(_) => tracing::info!(?recorded, ?wanted, "this node's labels changed"),
+        Err(error) => {
+            tracing::warn!(%error, ?wanted, "the new labels were not recorded; restart again, or set them with `trireme node label`")
+        }
+    }
+}
+
 /// Records durably that this node was removed, and returns the refusal to
 /// run that every later start gives too.
 pub fn record_removal(cluster: &Cluster, data_dir: &Path, reason: String) -> NodeError {
