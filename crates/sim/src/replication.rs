@@ -78,11 +78,13 @@
 //! whether the newest version may have been lost (only when no reachable
 //! in-sync replica holds it any more after a crash or an outdating).
 //!
-//! 1. **No acknowledged write lost**: a read completed by the current
-//!    engine returns, per block, the newest acknowledged version, or a write
-//!    in flight during the read, or one of unknown outcome, or (only when
-//!    the model says it may have been lost) an older version since the last
-//!    durable one.
+//! 1. **No acknowledged write lost, no stale read**: a read completed by
+//!    any engine, a fenced one still running behind a partition included,
+//!    returns per block the newest version acknowledged (by any engine)
+//!    before the read was issued, or a write in flight during the read, or
+//!    one of unknown outcome not yet superseded, or (only when the model
+//!    says it may have been lost) an older version since the last durable
+//!    one.
 //! 2. **Durability**: versions made durable (FUA, or acknowledged before a
 //!    completed flush was issued) never fall out of the model, so every read
 //!    checks them; each failover is followed by a read sweep, and the run
@@ -364,7 +366,8 @@ pub struct ReplicationSimReport {
     pub reads_checked: u64,
     pub blocks_checked: u64,
     pub reads_failed: u64,
-    /// Reads completed by fenced engines: not checked.
+    /// Reads completed by engines whose generation was no longer the
+    /// arbiter's (checked like the others).
     pub stale_reads: u64,
     pub local_reads: u64,
     pub crashes: u64,
@@ -3442,11 +3445,13 @@ impl Sim {
             unreachable!("a read");
         };
         let (first, count) = (*first, *count);
-        let current =
-            self.engines.contains_key(&op.engine) && op.generation == self.arbiter.view.generation;
-        if !current {
+        // A fenced engine's reads are checked too: a primary that was cut
+        // off and replaced must not answer from what it holds once the new
+        // one has acknowledged a write.
+        let stale =
+            !self.engines.contains_key(&op.engine) || op.generation != self.arbiter.view.generation;
+        if stale {
             self.report.stale_reads += 1;
-            return;
         }
         let tags = match data {
             ReadData::Zeroes => vec![0; count as usize],
@@ -3482,8 +3487,9 @@ impl Sim {
                     })
                     .collect();
                 self.violate(format!(
-                    "{}read op{id} on engine {} (g{}) returned {} at block {b}; allowed {:?}; model {:?}; replicas now {replicas:?}",
+                    "{}read op{id} on {}engine {} (g{}) returned {} at block {b}; allowed {:?}; model {:?}; replicas now {replicas:?}",
                     if *local { "local " } else { "" },
+                    if stale { "fenced " } else { "" },
                     op.engine,
                     op.generation,
                     describe_tag(tag),
