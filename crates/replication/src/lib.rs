@@ -24,4 +24,4 @@ pub use primary::{
     Primary, Proposal, ProposalResult, SyncProgress, VerifyReport, VerifyState, View,
 };
 pub use regions::{RegionSet, REGION_BYTES};
-pub use replica::{HelloOutcome, LinkId, ReplicaSide};
+pub use replica::{HelloOutcome, LinkId, ReplicaSide, LEASE_HOLD_MS};

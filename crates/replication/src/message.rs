@@ -15,6 +15,18 @@ use trireme_types::{BlockBuf, Generation, NodeId, SnapshotId};
 /// requests are split by the export before they get here.
 pub const MAX_FRAME_BYTES: usize = 33 << 20;
 
+/// A primary's read lease lasts this long from when it sent the messages
+/// whose answers make it (docs/replication.md, rule 9).
+pub const LEASE_MS: u64 = 2_000;
+/// How long after admitting a message of a primary a replica welcomes no
+/// primary of a newer generation. The primary counts its read lease
+/// ([`LEASE_MS`]) from when it sent the message, which is before this
+/// replica admitted it; the margin covers clocks that run at different
+/// rates on the two nodes.
+pub const LEASE_HOLD_MS: u64 = LEASE_MS + LEASE_MS / 4;
+
+const _: () = assert!(LEASE_HOLD_MS > LEASE_MS);
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Payload {
     /// Shared by the primary's links and its record of the write; in
@@ -86,6 +98,12 @@ pub enum ToReplica {
     /// The primary detaches: every write it sent is settled and flushed,
     /// so the replica's copy is clean and needs no reconciliation later.
     Goodbye,
+    /// A keepalive: answered with a `Pong` carrying the same token (the
+    /// primary's clock when it sent it). An idle link's answers keep the
+    /// primary's read lease (docs/replication.md, rule 9).
+    Ping {
+        token: u64,
+    },
 }
 
 /// A block's fingerprint for `verify`: replicas compare these instead of
@@ -164,6 +182,8 @@ pub enum FromReplica {
         id: u64,
         result: Result<Vec<BlockHash>, ReplicaError>,
     },
+    /// The answer to a `Ping`, with its token.
+    Pong { token: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -355,6 +375,10 @@ impl ToReplica {
                 w.u64(*offset);
                 w.u64(*length);
             }
+            ToReplica::Ping { token } => {
+                w.u8(8);
+                w.u64(*token);
+            }
         }
     }
 
@@ -402,6 +426,7 @@ impl ToReplica {
                 offset: r.u64()?,
                 length: r.u64()?,
             },
+            8 => ToReplica::Ping { token: r.u64()? },
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         r.finish()?;
@@ -469,6 +494,10 @@ impl FromReplica {
                     }
                 }
             }
+            FromReplica::Pong { token } => {
+                w.u8(6);
+                w.u64(*token);
+            }
         }
     }
 
@@ -509,6 +538,7 @@ impl FromReplica {
                     _ => return Err(DecodeError::Bad("result")),
                 },
             },
+            6 => FromReplica::Pong { token: r.u64()? },
             tag => return Err(DecodeError::UnknownTag(tag)),
         };
         r.finish()?;
@@ -634,6 +664,8 @@ mod tests {
             id: 7,
             result: Err(ReplicaError::Io("disk".into())),
         });
+        round_trip_to(ToReplica::Ping { token: 123_456 });
+        round_trip_from(FromReplica::Pong { token: u64::MAX });
     }
 
     proptest! {

@@ -101,6 +101,7 @@ impl World {
                 }
             }
             Action::Send { to, message } => {
+                let now = self.now;
                 let replica = self.replicas.get_mut(&to).unwrap();
                 if !replica.up {
                     return;
@@ -109,17 +110,22 @@ impl World {
                     ToReplica::Hello {
                         generation,
                         primary,
-                    } => match replica.side.on_hello(to.0, *generation, *primary) {
+                    } => match replica.side.on_hello(to.0, *generation, *primary, now) {
                         HelloOutcome::Refuse(reply) => reply,
                         HelloOutcome::Accept { welcome, .. } => welcome,
+                        HelloOutcome::Wait { .. } => panic!("nothing to wait for here"),
                     },
+                    ToReplica::Ping { token } => {
+                        replica.side.admit(to.0, &message, now).unwrap();
+                        FromReplica::Pong { token: *token }
+                    }
                     ToReplica::Write {
                         seq,
                         offset,
                         payload,
                         ..
                     } => {
-                        replica.side.admit(to.0, &message).unwrap();
+                        replica.side.admit(to.0, &message, now).unwrap();
                         let range = *offset as usize..(*offset + payload.length()) as usize;
                         for block in range.start / 4096..range.end / 4096 {
                             replica.bad_blocks.remove(&(block as u64));
@@ -158,7 +164,7 @@ impl World {
                         FromReplica::ReadReply { id: *id, result }
                     }
                     ToReplica::Hash { id, offset, length } => {
-                        replica.side.admit(to.0, &message).unwrap();
+                        replica.side.admit(to.0, &message, now).unwrap();
                         let hashes = (offset / 4096..(offset + length) / 4096)
                             .map(|block| {
                                 if replica.bad_blocks.contains(&block) {

@@ -7,10 +7,14 @@
 //! back, and a control plane whose answers each test scripts.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use trireme_replication::primary::NO_QUORUM_FAIL_MS;
 use trireme_replication::*;
 use trireme_types::{Generation, NodeId, SnapshotId};
 
 const SIZE: u64 = 4 << 20;
+/// The engine starts at this time: what the replicas did before a test
+/// (at time 0) granted leases that ran out by then.
+const START: u64 = LEASE_HOLD_MS;
 
 /// Any hash of the bytes: equal bytes, equal fingerprints.
 fn fingerprint(bytes: &[u8]) -> u128 {
@@ -89,6 +93,9 @@ struct World {
     sent: Vec<(NodeId, ToReplica)>,
     /// Snapshot barriers that ended: the replicas that took them, or why not.
     snapshots: BTreeMap<SnapshotId, Result<BTreeSet<NodeId>, String>>,
+    /// Hellos a replica puts off (it holds an older primary's lease): the
+    /// time to try again, the node, the link and the hello.
+    parked: Vec<(u64, NodeId, LinkId, ToReplica)>,
     now: u64,
 }
 
@@ -147,7 +154,7 @@ impl World {
             dirty_maps: maps.clone(),
         };
         World {
-            engine: Primary::new(config, 0),
+            engine: Primary::new(config, START),
             view,
             replicas,
             next_link: 1,
@@ -162,7 +169,8 @@ impl World {
             held_persists: Vec::new(),
             sent: Vec::new(),
             snapshots: BTreeMap::new(),
-            now: 0,
+            parked: Vec::new(),
+            now: START,
         }
     }
 
@@ -188,6 +196,18 @@ impl World {
         for _ in 0..ms / 100 {
             self.now += 100;
             self.engine.tick(self.now);
+            let now = self.now;
+            let (due, parked) = std::mem::take(&mut self.parked)
+                .into_iter()
+                .partition(|(until, ..)| *until <= now);
+            self.parked = parked;
+            for (_, node, link, hello) in due {
+                if self.replicas[&node].link == Some(link) {
+                    for reply in self.replica(node, link, hello) {
+                        self.outbox.push_back((node, link, reply));
+                    }
+                }
+            }
             let nodes: Vec<NodeId> = self.replicas.keys().copied().collect();
             for node in nodes {
                 if self.replicas[&node].link.is_none() {
@@ -224,7 +244,8 @@ impl World {
         self.drop_link(node);
         let replica = self.replicas.get_mut(&node).expect("a replica");
         replica.data = replica.durable.clone();
-        replica.side = ReplicaSide::new(replica.accepted, replica.primary_at, replica.clean);
+        replica.side = ReplicaSide::new(replica.accepted, replica.primary_at, replica.clean)
+            .after_restart(self.now);
         replica.up = false;
     }
 
@@ -349,13 +370,18 @@ impl World {
     }
 
     fn replica(&mut self, node: NodeId, link: LinkId, message: ToReplica) -> Vec<FromReplica> {
+        let now = self.now;
         let replica = self.replicas.get_mut(&node).expect("a replica");
         match message {
             ToReplica::Hello {
                 generation,
                 primary,
-            } => match replica.side.on_hello(link, generation, primary) {
+            } => match replica.side.on_hello(link, generation, primary, now) {
                 HelloOutcome::Refuse(reply) => vec![reply],
+                HelloOutcome::Wait { until_ms } => {
+                    self.parked.push((until_ms, node, link, message));
+                    Vec::new()
+                }
                 HelloOutcome::Accept { persist, welcome } => {
                     if let Some(generation) = persist {
                         replica.accepted = generation;
@@ -371,10 +397,11 @@ impl World {
                 Vec::new()
             }
             message => {
-                if let Err(refusal) = replica.side.admit(link, &message) {
+                if let Err(refusal) = replica.side.admit(link, &message, now) {
                     return vec![refusal];
                 }
                 match message {
+                    ToReplica::Ping { token } => vec![FromReplica::Pong { token }],
                     ToReplica::Write {
                         seq,
                         offset,
@@ -513,8 +540,8 @@ fn replicas_with_unsettled_write(offset: u64) -> BTreeMap<NodeId, Replica> {
         settled: 9,
     };
     for replica in replicas.values_mut() {
-        replica.side.on_hello(100, Generation(2), NodeId(2));
-        replica.side.admit(100, &write).unwrap();
+        replica.side.on_hello(100, Generation(2), NodeId(2), 0);
+        replica.side.admit(100, &write, 0).unwrap();
         replica.side.link_closed(100);
     }
     replicas
@@ -623,9 +650,10 @@ fn a_restarted_replica_stays_not_intact_until_written() {
         } => intact,
         other => panic!("{other:?}"),
     };
-    assert!(!intact(side.on_hello(1, Generation(5), NodeId(1))));
+    const H: u64 = LEASE_HOLD_MS;
+    assert!(!intact(side.on_hello(1, Generation(5), NodeId(1), 0)));
     // That primary died; the next one must hear the same.
-    assert!(!intact(side.on_hello(2, Generation(6), NodeId(2))));
+    assert!(!intact(side.on_hello(2, Generation(6), NodeId(2), H)));
     let write = ToReplica::Write {
         seq: 1,
         offset: 0,
@@ -636,8 +664,8 @@ fn a_restarted_replica_stays_not_intact_until_written() {
         fua: false,
         settled: 1,
     };
-    side.admit(2, &write).unwrap();
-    assert!(intact(side.on_hello(3, Generation(7), NodeId(2))));
+    side.admit(2, &write, H).unwrap();
+    assert!(intact(side.on_hello(3, Generation(7), NodeId(2), 2 * H)));
 }
 
 /// What an older generation left unsettled used to be reported to the first
@@ -653,7 +681,8 @@ fn unsettled_writes_are_reported_until_a_newer_primary_flushes() {
         } => unsettled.iter().collect::<Vec<_>>(),
         other => panic!("{other:?}"),
     };
-    unsettled(side.on_hello(1, Generation(2), NodeId(1)));
+    const H: u64 = LEASE_HOLD_MS;
+    unsettled(side.on_hello(1, Generation(2), NodeId(1), 0));
     let write = ToReplica::Write {
         seq: 5,
         offset: 2 << 20,
@@ -664,20 +693,20 @@ fn unsettled_writes_are_reported_until_a_newer_primary_flushes() {
         fua: false,
         settled: 5,
     };
-    side.admit(1, &write).unwrap();
+    side.admit(1, &write, 0).unwrap();
     assert_eq!(
-        unsettled(side.on_hello(2, Generation(3), NodeId(2))),
+        unsettled(side.on_hello(2, Generation(3), NodeId(2), H)),
         vec![2]
     );
     // The primary of generation 3 died before reconciling.
     assert_eq!(
-        unsettled(side.on_hello(3, Generation(4), NodeId(3))),
+        unsettled(side.on_hello(3, Generation(4), NodeId(3), 2 * H)),
         vec![2]
     );
     // This one reconciled and serves: its first flush settles the past.
-    side.admit(3, &ToReplica::Flush { seq: 1 }).unwrap();
+    side.admit(3, &ToReplica::Flush { seq: 1 }, 2 * H).unwrap();
     assert_eq!(
-        unsettled(side.on_hello(4, Generation(4), NodeId(3))),
+        unsettled(side.on_hello(4, Generation(4), NodeId(3), 2 * H)),
         Vec::<u64>::new()
     );
 }
@@ -930,7 +959,9 @@ fn a_failed_write_some_members_applied_stays_unsettled() {
     let HelloOutcome::Accept {
         welcome: FromReplica::Welcome { unsettled, .. },
         ..
-    } = replica.side.on_hello(1_000, Generation(3), NodeId(2))
+    } = replica
+        .side
+        .on_hello(1_000, Generation(3), NodeId(2), world.now + LEASE_HOLD_MS)
     else {
         panic!("accepted");
     };
@@ -1221,7 +1252,10 @@ fn a_member_that_lost_regions_keeps_reporting_them() {
     world.flush(2);
     assert_eq!(world.done.get(&2), None, "the flush waits for the member");
     let replica = world.replicas.get_mut(&ME).unwrap();
-    match replica.side.on_hello(999, Generation(4), NodeId(3)) {
+    match replica
+        .side
+        .on_hello(999, Generation(4), NodeId(3), world.now + LEASE_HOLD_MS)
+    {
         HelloOutcome::Accept {
             welcome: FromReplica::Welcome { unsettled, .. },
             ..
@@ -1270,4 +1304,63 @@ fn a_member_outdated_while_linked_does_not_hold_back_a_snapshot() {
     world.write(2, 0, 8, false);
     world.tick(1_000);
     assert_eq!(world.done.get(&2), Some(&Ok(Completion::Done)));
+}
+
+/// A primary cut off from its replicas, and replaced, answered reads from
+/// its own copy: the data the new primary overwrote, and its own writes
+/// that failed (issue 19; `sim-replication` seed 728). Now a read needs a
+/// lease from a quorum, and a replica welcomes the newer primary only once
+/// the lease it granted has run out.
+#[test]
+fn a_replaced_primary_answers_no_read_once_its_lease_ran_out() {
+    let mut world = World::build_with(
+        view(2, &[1, 2, 3]),
+        BTreeMap::new(),
+        replicas_at(1),
+        NoQuorumPolicy::IoError,
+    );
+    world.run();
+    world.tick(1_000);
+    world.write(1, 0, 0xaa, false);
+    assert_eq!(world.done[&1], Ok(Completion::Done));
+    assert!(matches!(world.read(2, 0), Some(Ok(_))));
+
+    // Cut off: from the control plane too (its outdating never commits).
+    world.outdate = Answer::Hold;
+    for node in [2, 3] {
+        world.replicas.get_mut(&NodeId(node)).unwrap().reachable = false;
+        world.drop_link(NodeId(node));
+    }
+    let lease_end = world.engine.read_lease_until();
+    assert!(lease_end > world.now, "the answers of a moment ago hold");
+    // A newer primary reaches nodes 2 and 3: they welcome it only once our
+    // lease has run out.
+    for node in [2, 3] {
+        let side = &mut world.replicas.get_mut(&NodeId(node)).unwrap().side;
+        match side.on_hello(500 + node, Generation(3), NodeId(2), world.now) {
+            HelloOutcome::Wait { until_ms } => assert!(
+                until_ms >= lease_end,
+                "node {node} would welcome at {until_ms}, within the lease (until {lease_end})"
+            ),
+            other => panic!("node {node} welcomed a newer primary at once: {other:?}"),
+        }
+    }
+    world.tick(LEASE_HOLD_MS);
+    for node in [2, 3] {
+        let side = &mut world.replicas.get_mut(&NodeId(node)).unwrap().side;
+        assert!(matches!(
+            side.on_hello(500 + node, Generation(3), NodeId(2), world.now),
+            HelloOutcome::Accept { .. }
+        ));
+    }
+    // From here on the newer primary may write: we answer no read, not
+    // from our copy, not through the engine.
+    assert!(world.engine.read_lease_until() <= world.now);
+    assert_eq!(world.read(3, 0), None, "the read waits for a lease");
+    world.tick(NO_QUORUM_FAIL_MS + 200);
+    assert!(
+        matches!(world.done.get(&3), Some(Err(ClientError::Io(_)))),
+        "{:?}",
+        world.done.get(&3)
+    );
 }

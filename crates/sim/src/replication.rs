@@ -19,7 +19,7 @@
 //!   primary persisted. A crash loses the in-memory `ReplicaSide`, the
 //!   engine if it ran there, pending persists and the disk's volatile layer;
 //!   a restart rebuilds the side with `ReplicaSide::new(accepted,
-//!   primary_at, clean)`.
+//!   primary_at, clean).after_restart(now)`.
 //! - **Disks**: blocks of 4 KiB with a volatile layer and a durable layer. A
 //!   write lands in the volatile layer (FUA: durable too), a flush makes the
 //!   volatile layer durable. Operations complete after seeded delays and out
@@ -511,6 +511,7 @@ fn summary_to(message: &ToReplica) -> String {
         ToReplica::Hash { id, offset, length } => {
             format!("hash h{id} b{}+{}", offset / BLOCK, length / BLOCK)
         }
+        ToReplica::Ping { token } => format!("ping {token}"),
     }
 }
 
@@ -539,6 +540,7 @@ fn summary_from(message: &FromReplica) -> String {
             Ok(hashes) => format!("hash reply h{id} {} blocks", hashes.len()),
             Err(error) => format!("hash reply h{id} error {error}"),
         },
+        FromReplica::Pong { token } => format!("pong {token}"),
     }
 }
 
@@ -1776,7 +1778,12 @@ impl Sim {
                 }
                 _ => {
                     let (first, count) = self.random_range();
-                    let local = self.engines[&id].local_readable && self.rng.gen_bool(0.4);
+                    // What the node does: its own copy, without the
+                    // engine, while it is up to date and the lease holds.
+                    let engine = &self.engines[&id];
+                    let local = engine.local_readable
+                        && self.now < engine.primary.read_lease_until()
+                        && self.rng.gen_bool(0.4);
                     self.issue_read(id, first, count, local, false);
                 }
             }
@@ -2376,40 +2383,43 @@ impl Sim {
                 generation,
                 primary,
             } => {
+                let now = self.now;
                 let outcome = node
                     .side
                     .as_mut()
                     .expect("up")
-                    .on_hello(link, generation, primary);
+                    .on_hello(link, generation, primary, now);
                 match outcome {
                     HelloOutcome::Refuse(reply) => {
                         self.log(format!("node {member}: link {link}: {summary} refused"));
                         self.replica_refuse(link, reply);
+                    }
+                    HelloOutcome::Wait { until_ms } => {
+                        // It holds leases of older generations: the link
+                        // waits, and they are refused meanwhile.
+                        self.log(format!(
+                            "node {member}: link {link} (engine {engine}): {summary} waits until {until_ms} for older leases"
+                        ));
+                        self.close_older_links(member, link, generation);
+                        self.at(
+                            until_ms,
+                            Ev::Deliver {
+                                link,
+                                message: ToReplica::Hello {
+                                    generation,
+                                    primary,
+                                },
+                                op: None,
+                            },
+                        );
                     }
                     HelloOutcome::Accept { persist, welcome } => {
                         node.max_accepted = node.max_accepted.max(generation);
                         self.log(format!(
                             "node {member}: link {link} (engine {engine}): {summary} accepted"
                         ));
-                        if persist.is_some() && self.cfg.fence_closes_old_links {
-                            let older: Vec<LinkId> = self.nodes[&member]
-                                .links
-                                .iter()
-                                .copied()
-                                .filter(|&other| {
-                                    other != link
-                                        && self
-                                            .links
-                                            .get(&other)
-                                            .is_some_and(|o| o.generation < generation)
-                                })
-                                .collect();
-                            for other in older {
-                                self.replica_refuse(
-                                    other,
-                                    FromReplica::Refused { newer: generation },
-                                );
-                            }
+                        if persist.is_some() {
+                            self.close_older_links(member, link, generation);
                         }
                         self.persist(
                             member,
@@ -2431,6 +2441,18 @@ impl Sim {
                     self.persist(member, PersistOp::Clean);
                 }
             }
+            ToReplica::Ping { token } => {
+                let now = self.now;
+                match node.side.as_mut().expect("up").admit(link, &message, now) {
+                    Ok(()) => self.replica_send(link, FromReplica::Pong { token }),
+                    Err(refusal) => {
+                        self.log(format!(
+                            "node {member}: link {link}: {summary} not admitted"
+                        ));
+                        self.replica_refuse(link, refusal);
+                    }
+                }
+            }
             message => {
                 if !node.diskful {
                     self.violate(format!(
@@ -2438,7 +2460,8 @@ impl Sim {
                     ));
                     return;
                 }
-                if let Err(refusal) = node.side.as_mut().expect("up").admit(link, &message) {
+                let now = self.now;
+                if let Err(refusal) = node.side.as_mut().expect("up").admit(link, &message, now) {
                     if !self.cfg.ignore_fencing {
                         self.log(format!(
                             "node {member}: link {link}: {summary} not admitted"
@@ -2535,10 +2558,36 @@ impl Sim {
                             count: length / BLOCK,
                         }
                     }
-                    ToReplica::Hello { .. } | ToReplica::Goodbye => unreachable!("handled"),
+                    ToReplica::Hello { .. } | ToReplica::Goodbye | ToReplica::Ping { .. } => {
+                        unreachable!("handled")
+                    }
                 };
                 self.disk_submit(member, link, kind);
             }
+        }
+    }
+
+    /// With `fence_closes_old_links`: the member refuses its links of
+    /// generations older than `generation` (the one `link` brings) and
+    /// closes them.
+    fn close_older_links(&mut self, member: NodeId, link: LinkId, generation: Generation) {
+        if !self.cfg.fence_closes_old_links {
+            return;
+        }
+        let older: Vec<LinkId> = self.nodes[&member]
+            .links
+            .iter()
+            .copied()
+            .filter(|&other| {
+                other != link
+                    && self
+                        .links
+                        .get(&other)
+                        .is_some_and(|o| o.generation < generation)
+            })
+            .collect();
+        for other in older {
+            self.replica_refuse(other, FromReplica::Refused { newer: generation });
         }
     }
 
@@ -2858,11 +2907,10 @@ impl Sim {
             return;
         }
         n.up = true;
-        n.side = Some(ReplicaSide::new(
-            n.durable.accepted,
-            n.durable.primary_at,
-            n.durable.clean,
-        ));
+        n.side = Some(
+            ReplicaSide::new(n.durable.accepted, n.durable.primary_at, n.durable.clean)
+                .after_restart(self.now),
+        );
         let (accepted, clean) = (n.durable.accepted, n.durable.clean);
         self.log(format!(
             "restart node {node}: accepted g{accepted}, clean {clean}"
@@ -3054,7 +3102,10 @@ impl Sim {
         if e.links.get(&member) != Some(&link) {
             return;
         }
-        if !matches!(message, FromReplica::Ack { result: Ok(()), .. }) {
+        if !matches!(
+            message,
+            FromReplica::Ack { result: Ok(()), .. } | FromReplica::Pong { .. }
+        ) {
             let summary = summary_from(&message);
             self.log(format!(
                 "engine {engine}: from node {member} on link {link}: {summary}"

@@ -14,10 +14,14 @@ use trireme_sim::{run_replication_sim, ReplicationSimConfig, ReplicationSimRepor
 /// profile. `sim-replication` runs thousands in release.
 const DEFAULT_SEEDS: u64 = 600;
 /// Seeds that once failed, run with every default batch: a snapshot taken
-/// on a member that lacked regions, a flush that made one forget them, and
+/// on a member that lacked regions, a flush that made one forget them,
 /// (1011911) a snapshot that waited forever for a member outdated while
-/// still linked to answer failed writes.
-const FOUND_SEEDS: &[u64] = &[105499, 112083, 113575, 115878, 209760, 1011911];
+/// still linked to answer failed writes, and (728, 849, 2033) a primary cut
+/// off and replaced that answered reads from its copy, without a lease:
+/// locally, through its engine, and with a tiebreaker.
+const FOUND_SEEDS: &[u64] = &[
+    105499, 112083, 113575, 115878, 209760, 1011911, 728, 849, 2033,
+];
 
 fn env_u64(name: &str) -> Option<u64> {
     let text = std::env::var(name).ok()?;

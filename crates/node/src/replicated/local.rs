@@ -19,6 +19,7 @@ use trireme_replication::{FromReplica, Payload, ReplicaSide, ToReplica};
 use trireme_store::Volume;
 use trireme_types::{Attempt, BlockTarget, VolumeName};
 
+use super::clock::Clock;
 use super::serve::{replica_error, ReplicaService};
 use crate::NodeError;
 
@@ -40,6 +41,8 @@ pub(crate) struct LocalLink {
     jobs: mpsc::Sender<Job>,
     /// Jobs handed to the worker and not yet carried out.
     queued: Arc<AtomicUsize>,
+    /// The replica service's clock, for what is admitted here.
+    clock: Clock,
 }
 
 impl LocalLink {
@@ -52,6 +55,7 @@ impl LocalLink {
         deliver: impl Fn(LocalOutcome) + Send + 'static,
     ) -> Result<LocalLink, NodeError> {
         let side = service.side(&name)?;
+        let clock = service.clock();
         let link = service.next_link_id();
         let (jobs, receiver) = mpsc::channel::<Job>();
         let queued = Arc::new(AtomicUsize::new(0));
@@ -92,6 +96,7 @@ impl LocalLink {
             volume,
             jobs,
             queued,
+            clock,
         })
     }
 
@@ -127,7 +132,19 @@ impl LocalLink {
         volume: &Volume,
         message: ToReplica,
     ) -> Result<(Option<FromReplica>, bool), Job> {
+        let now = self.clock.now_ms();
         match message {
+            ToReplica::Ping { token } => {
+                match self
+                    .side
+                    .lock()
+                    .expect("side lock")
+                    .admit(self.link, &message, now)
+                {
+                    Ok(()) => Ok((Some(FromReplica::Pong { token }), false)),
+                    Err(refusal) => Ok((Some(refusal), true)),
+                }
+            }
             ToReplica::Write {
                 seq,
                 offset,
@@ -139,7 +156,7 @@ impl LocalLink {
                     .side
                     .lock()
                     .expect("side lock")
-                    .admit(self.link, &message)
+                    .admit(self.link, &message, now)
                 {
                     return Ok((Some(refusal), true));
                 }
@@ -176,7 +193,7 @@ impl LocalLink {
                             .side
                             .lock()
                             .expect("side lock")
-                            .admit(self.link, &message)
+                            .admit(self.link, &message, now)
                         {
                             return Ok((Some(refusal), true));
                         }

@@ -10,7 +10,9 @@
 //! - `local`: the engine's link to this node's own copy, in-process.
 //! - [`volume`]: an attached volume as an NBD target.
 //! - [`snapshots`]: snapshots, rollbacks and fencing on this node.
+//! - `clock`: the clock of timeouts and read leases (`CLOCK_BOOTTIME`).
 
+mod clock;
 pub mod engine;
 mod local;
 pub mod meta;

@@ -24,6 +24,7 @@ use trireme_replication::{
 use trireme_store::Volume;
 use trireme_types::{BlockTarget, Generation, TargetError, VolumeName, ZeroFlags};
 
+use super::clock::Clock;
 use super::meta::{ReplicaMeta, ReplicationMeta};
 use super::wire::{push_frame, read_frame, write_frame, LinkOpen};
 use crate::cluster::Cluster;
@@ -40,6 +41,9 @@ pub struct ReplicaService {
     cluster_secret: Vec<u8>,
     sides: Mutex<BTreeMap<VolumeName, Arc<Mutex<ReplicaSide>>>>,
     next_link: AtomicU64,
+    /// The read leases granted: every side reads this clock, which
+    /// started with the service (no lease was granted before).
+    clock: Clock,
 }
 
 /// What the store's error means for replication.
@@ -66,7 +70,12 @@ impl ReplicaService {
             cluster_secret,
             sides: Mutex::new(BTreeMap::new()),
             next_link: AtomicU64::new(1),
+            clock: Clock::start(),
         })
+    }
+
+    pub(super) fn clock(&self) -> Clock {
+        self.clock
     }
 
     pub(super) fn side(&self, volume: &VolumeName) -> Result<Arc<Mutex<ReplicaSide>>, NodeError> {
@@ -75,9 +84,13 @@ impl ReplicaService {
             return Ok(side.clone());
         }
         let stored = self.meta.replica(volume)?;
+        // Built once per process, on first use: what the process before
+        // granted is forgotten. It ended before this service's clock
+        // started (at 0).
         let side = Arc::new(Mutex::new(
             ReplicaSide::new(stored.accepted, stored.primary_at, stored.clean)
-                .with_fence(stored.fenced),
+                .with_fence(stored.fenced)
+                .after_restart(0),
         ));
         sides.insert(volume.clone(), side.clone());
         Ok(side)
@@ -303,10 +316,19 @@ impl ReplicaService {
             ToReplica::Hello {
                 generation,
                 primary,
-            } => {
+            } => loop {
                 let mut side = side.lock().expect("side lock");
-                match side.on_hello(link, generation, primary) {
-                    HelloOutcome::Refuse(reply) => (Some(reply), true),
+                let now = self.clock.now_ms();
+                match side.on_hello(link, generation, primary, now) {
+                    HelloOutcome::Refuse(reply) => return (Some(reply), true),
+                    HelloOutcome::Wait { until_ms } => {
+                        // A former primary may still hold a read lease from
+                        // this copy: this link waits (older ones are refused
+                        // meanwhile).
+                        drop(side);
+                        tracing::info!(volume = %name, %generation, wait_ms = until_ms - now, "a newer primary waits until the former one's read lease has run out");
+                        std::thread::sleep(std::time::Duration::from_millis(until_ms - now));
+                    }
                     HelloOutcome::Accept { welcome, .. } => {
                         // Durable before the welcome: a restart must not
                         // forget that a newer primary was accepted.
@@ -314,10 +336,10 @@ impl ReplicaService {
                             tracing::error!(%error, volume = %name, "cannot persist the accepted generation; refusing the primary");
                             return (None, true);
                         }
-                        (Some(welcome), false)
+                        return (Some(welcome), false);
                     }
                 }
-            }
+            },
             ToReplica::Goodbye => {
                 let mut side = side.lock().expect("side lock");
                 if side.on_goodbye(link) {
@@ -328,8 +350,13 @@ impl ReplicaService {
                 (None, true)
             }
             message => {
-                if let Err(refusal) = side.lock().expect("side lock").admit(link, &message) {
+                let now = self.clock.now_ms();
+                if let Err(refusal) = side.lock().expect("side lock").admit(link, &message, now) {
                     return (Some(refusal), true);
+                }
+                if let ToReplica::Ping { token } = message {
+                    // Tiebreakers answer too: they vote for the lease.
+                    return (Some(FromReplica::Pong { token }), false);
                 }
                 match volume {
                     Some(volume) => (Some(execute(volume, message)), false),
@@ -396,6 +423,7 @@ pub(super) fn execute(volume: &Volume, message: ToReplica) -> FromReplica {
                 .snapshot(snapshot)
                 .map_err(|error| ReplicaError::Io(format!("snapshot {snapshot}: {error}"))),
         },
+        ToReplica::Ping { token } => FromReplica::Pong { token },
         ToReplica::Hello { .. } | ToReplica::Goodbye => unreachable!("handled by the caller"),
     }
 }

@@ -1,12 +1,12 @@
 //! [`ReplicatedVolume`]: an attached volume as the NBD server sees it.
 //!
 //! Reads go straight to the local copy while the engine says it is up to
-//! date (no hop through the engine); a checksum error there, or a node
-//! without an up-to-date copy, sends the read through the engine, which
-//! reads a peer and repairs the bad copy. Everything else goes through the
-//! engine.
+//! date and its read lease holds (no hop through the engine); a checksum
+//! error there, or a node without an up-to-date copy, sends the read
+//! through the engine, which reads a peer and repairs the bad copy, and
+//! without the lease, through the engine too, which waits for it.
+//! Everything else goes through the engine.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use trireme_replication::{ClientError, ClientRequest, Completion, Payload, ReadData};
 use trireme_types::{
@@ -62,7 +62,7 @@ impl BlockTarget for ReplicatedVolume {
     }
 
     fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), TargetError> {
-        if self.engine.local_readable.load(Ordering::Acquire) {
+        if self.engine.reads_locally() {
             if let Some(local) = &self.engine.local {
                 match local.read(offset, buffer) {
                     Ok(()) => return Ok(()),
@@ -92,7 +92,7 @@ impl BlockTarget for ReplicatedVolume {
     }
 
     fn try_read(&self, offset: u64, buffer: &mut [u8]) -> Option<Result<(), TargetError>> {
-        if !self.engine.local_readable.load(Ordering::Acquire) {
+        if !self.engine.reads_locally() {
             return None;
         }
         match self.engine.local.as_ref()?.try_read(offset, buffer)? {
@@ -131,7 +131,7 @@ impl BlockTarget for ReplicatedVolume {
     fn submit(&self, request: TargetRequest, done: Completer) {
         let request = match request {
             TargetRequest::Read { offset, length } => {
-                if self.engine.local_readable.load(Ordering::Acquire) {
+                if self.engine.reads_locally() {
                     if let Some(local) = self.engine.local.clone() {
                         // The local copy is up to date: read it on an I/O
                         // thread (the NBD server already tried the page
@@ -193,7 +193,7 @@ impl BlockTarget for ReplicatedVolume {
         offset: u64,
         length: u64,
     ) -> Result<Vec<BlockStatusExtent>, TargetError> {
-        if self.engine.local_readable.load(Ordering::Acquire) {
+        if self.engine.reads_locally() {
             if let Some(local) = &self.engine.local {
                 return local.block_status(offset, length);
             }

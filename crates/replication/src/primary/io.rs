@@ -278,10 +278,15 @@ impl Primary {
             if self.writes.len() >= MAX_PENDING_WRITES {
                 break;
             }
-            let (_, request) = &self.queue[index];
+            let (op, request) = &self.queue[index];
             // A snapshot waits for the writes in flight: new ones wait
             // for it (reads go on).
             if self.quiescing() && !matches!(request, ClientRequest::Read { .. }) {
+                index += 1;
+                continue;
+            }
+            // A read waits for a lease that covers its arrival.
+            if matches!(request, ClientRequest::Read { .. }) && !self.read_may_start(*op) {
                 index += 1;
                 continue;
             }

@@ -34,6 +34,18 @@
 //! - A member that restarted while in the set gets no writes and serves no
 //!   reads until it is outdated; a `MarkInSync` waits while a `MarkOutdated`
 //!   of the same member may still commit.
+//! - Reads need a lease. A read that arrived at time `t` is served (from any
+//!   up-to-date copy, the local one included) only once a quorum of the
+//!   voters, counted as for writes (diskful members and tiebreakers), has
+//!   answered messages this engine sent after `t - LEASE_MS`, by its own
+//!   clock ([`Primary::read_lease_until`]). A replica welcomes no newer
+//!   generation until [`crate::message::LEASE_HOLD_MS`] after it last
+//!   answered an older one, and a newer primary completes no write without
+//!   a quorum of welcomes: so while the lease holds, no newer primary has
+//!   completed a write, and a primary cut off and replaced stops answering
+//!   reads on its own. Links without traffic get a `Ping` every
+//!   [`PING_EVERY_MS`]. A read without a lease waits, and fails after
+//!   [`NO_QUORUM_FAIL_MS`] under the io-error policy, as writes do.
 
 //!
 //! Modules: [`types`] (the public vocabulary: views, requests, actions),
@@ -74,6 +86,9 @@ pub const PROPOSAL_RETRY_MS: u64 = 500;
 const BLOCK_BYTES: u64 = 4096;
 /// How often resync progress is reported.
 pub const PROGRESS_EVERY_MS: u64 = 1_000;
+pub use crate::message::LEASE_MS;
+/// A member whose last answer is older than this gets a `Ping`.
+pub const PING_EVERY_MS: u64 = LEASE_MS / 4;
 
 mod io;
 mod links;
@@ -130,6 +145,9 @@ pub struct Primary {
     copying: RegionSet,
     resync_tokens: f64,
     last_tick_ms: u64,
+    /// When each client read still queued arrived: it is served once the
+    /// lease covers that time.
+    read_arrivals: BTreeMap<OpId, u64>,
     last_progress_ms: u64,
     now_ms: u64,
     local_readable: bool,
@@ -206,6 +224,7 @@ impl Primary {
             copying: RegionSet::new(),
             resync_tokens: 0.0,
             last_tick_ms: now_ms,
+            read_arrivals: BTreeMap::new(),
             last_progress_ms: now_ms,
             now_ms,
             local_readable: false,
@@ -325,14 +344,33 @@ impl Primary {
             });
             return;
         }
+        if matches!(request, ClientRequest::Read { .. }) {
+            self.read_arrivals.insert(op, now_ms);
+        }
         self.queue.push_back((op, request));
         self.progress();
     }
 
     pub fn message(&mut self, from: NodeId, message: FromReplica, now_ms: u64) {
         self.now_ms = now_ms;
-        if !self.members.contains_key(&from) {
+        let Some(member) = self.members.get_mut(&from) else {
             return;
+        };
+        // Whatever it answers, short of a refusal, renews its lease vote
+        // from when we sent what it answers.
+        let sent = match &message {
+            FromReplica::Welcome { .. } => match member.link {
+                Link::Hello(since) => Some(since),
+                _ => None,
+            },
+            FromReplica::Ack { seq: id, .. }
+            | FromReplica::ReadReply { id, .. }
+            | FromReplica::HashReply { id, .. } => member.unacked.get(id).map(|entry| entry.2),
+            FromReplica::Pong { token } => Some(*token).filter(|&token| token <= now_ms),
+            FromReplica::Refused { .. } => None,
+        };
+        if let Some(sent) = sent {
+            member.answered_sent_ms = Some(member.answered_sent_ms.map_or(sent, |at| at.max(sent)));
         }
         match message {
             FromReplica::Welcome {
@@ -350,8 +388,46 @@ impl Primary {
             FromReplica::Ack { seq, result } => self.on_ack(from, seq, result),
             FromReplica::ReadReply { id, result } => self.on_read_reply(from, id, result),
             FromReplica::HashReply { id, result } => self.on_hash_reply(from, id, result),
+            // Reads waiting for the lease may go now.
+            FromReplica::Pong { .. } => {}
         }
         self.progress();
+    }
+
+    /// Until when (by this engine's clock, exclusive) the read lease holds:
+    /// a quorum of the voters answered messages sent since this time minus
+    /// [`LEASE_MS`]. 0 without a quorum of answers. A driver that reads
+    /// this node's copy without the engine (while `LocalReadable(true)`)
+    /// must check that the read starts before this time.
+    pub fn read_lease_until(&self) -> u64 {
+        if self.is_stopped() {
+            return 0;
+        }
+        let mut sent: Vec<u64> = self
+            .members
+            .iter()
+            .filter(|(node, member)| match member.kind {
+                Kind::Diskful => self.view.diskful.contains(node),
+                Kind::Tiebreaker => self.view.tiebreakers.contains(node),
+            })
+            .filter_map(|(_, member)| member.answered_sent_ms)
+            .collect();
+        sent.sort_unstable_by(|a, b| b.cmp(a));
+        sent.get(self.view.quorum_size() - 1)
+            .map_or(0, |&at| at + LEASE_MS)
+    }
+
+    /// Whether client read `op` may be served now: the lease covers the
+    /// time it arrived (no newer primary can have completed a write
+    /// before then).
+    pub(super) fn read_may_start(&self, op: OpId) -> bool {
+        let arrived = self.read_arrivals.get(&op).copied().unwrap_or(self.now_ms);
+        arrived < self.read_lease_until()
+    }
+
+    /// How long ago `at` was.
+    fn waited_since(&self, at: u64) -> u64 {
+        self.now_ms.saturating_sub(at)
     }
 
     pub fn persisted(&mut self, token: u64, now_ms: u64) {
@@ -496,6 +572,7 @@ impl Primary {
         if self.is_stopped() {
             return;
         }
+        self.send_pings();
         self.resync_failed.clear();
         if self.resync_corrupt.len() > 1024 {
             self.resync_corrupt.clear();
@@ -510,9 +587,9 @@ impl Primary {
         for (&node, member) in &self.members {
             let oldest = member.unacked.values().map(|&(_, _, sent, _)| sent).min();
             let stuck = match member.link {
-                Link::Hello(since) => now_ms.saturating_sub(since) > ACK_TIMEOUT_MS,
+                Link::Hello(since) => self.waited_since(since) > ACK_TIMEOUT_MS,
                 Link::Up { .. } => {
-                    oldest.is_some_and(|sent| now_ms.saturating_sub(sent) > ACK_TIMEOUT_MS)
+                    oldest.is_some_and(|sent| self.waited_since(sent) > ACK_TIMEOUT_MS)
                 }
                 Link::Down => false,
             };
@@ -560,16 +637,18 @@ impl Primary {
                 None => self.stalled_reads.push((id, read)),
             }
         }
-        // Reconciling: silent up-to-date members are outdated.
+        // Reconciling: up-to-date members not linked are outdated. One
+        // linked whose welcome waits (it holds a lease of the former
+        // primary) has the hello's timeout.
         if let Phase::Reconciling { since_ms, .. } = self.phase {
-            if now_ms.saturating_sub(since_ms) > RECONCILE_WAIT_MS {
+            if self.waited_since(since_ms) > RECONCILE_WAIT_MS {
                 let silent: Vec<NodeId> = self
                     .members
                     .iter()
                     .filter(|(_, m)| {
                         m.kind == Kind::Diskful
                             && matches!(m.sync, Sync::InSync)
-                            && !m.is_up()
+                            && matches!(m.link, Link::Down)
                             && m.outdating.is_none()
                     })
                     .map(|(&node, _)| node)
@@ -584,7 +663,7 @@ impl Primary {
             let expired: Vec<u64> = self
                 .writes
                 .iter()
-                .filter(|(_, w)| now_ms.saturating_sub(w.started_ms) > NO_QUORUM_FAIL_MS)
+                .filter(|(_, w)| self.waited_since(w.started_ms) > NO_QUORUM_FAIL_MS)
                 .map(|(&seq, _)| seq)
                 .collect();
             for seq in expired {
@@ -602,7 +681,9 @@ impl Primary {
             if !self.is_serving() {
                 self.fail_queue_if_stuck();
             }
+            self.fail_reads_without_lease();
         }
+        self.forget_started_reads();
         if now_ms.saturating_sub(self.last_progress_ms) >= PROGRESS_EVERY_MS {
             self.report_progress(now_ms);
         }
@@ -681,6 +762,7 @@ impl Primary {
                 result: Err(ClientError::ShuttingDown),
             });
         }
+        self.read_arrivals.clear();
         self.set_local_readable(false);
         self.actions.push(Action::Stopped { reason });
     }
@@ -691,7 +773,7 @@ impl Primary {
         let Phase::Reconciling { since_ms, .. } = self.phase else {
             return;
         };
-        if self.now_ms.saturating_sub(since_ms) <= NO_QUORUM_FAIL_MS {
+        if self.waited_since(since_ms) <= NO_QUORUM_FAIL_MS {
             return;
         }
         for (op, _) in std::mem::take(&mut self.queue) {
@@ -702,6 +784,63 @@ impl Primary {
                 )),
             });
         }
+    }
+
+    /// Keepalives: every linked member whose last answer is old gets a
+    /// `Ping` (at most one per [`PING_EVERY_MS`]), so that an idle volume
+    /// keeps its read lease.
+    fn send_pings(&mut self) {
+        let now = self.now_ms;
+        for (&node, member) in self.members.iter_mut() {
+            let answered = member.answered_sent_ms.unwrap_or(0);
+            if member.is_up()
+                && now.saturating_sub(answered) >= PING_EVERY_MS
+                && now.saturating_sub(member.pinged_ms) >= PING_EVERY_MS
+            {
+                member.pinged_ms = now;
+                self.actions.push(Action::Send {
+                    to: node,
+                    message: ToReplica::Ping { token: now },
+                });
+            }
+        }
+    }
+
+    /// Under the io-error policy: client reads that waited too long for
+    /// the lease fail, as writes without quorum do.
+    fn fail_reads_without_lease(&mut self) {
+        if !self.is_serving() {
+            return;
+        }
+        let expired: BTreeSet<OpId> = self
+            .read_arrivals
+            .iter()
+            .filter(|(_, &arrived)| self.waited_since(arrived) > NO_QUORUM_FAIL_MS)
+            .filter(|(&op, _)| !self.read_may_start(op))
+            .map(|(&op, _)| op)
+            .collect();
+        if expired.is_empty() {
+            return;
+        }
+        self.queue.retain(|(op, _)| !expired.contains(op));
+        for op in expired {
+            self.read_arrivals.remove(&op);
+            self.actions.push(Action::Complete {
+                op,
+                result: Err(ClientError::Io(
+                    "the volume has no quorum: too few replicas answer to prove the copy read is current".into(),
+                )),
+            });
+        }
+    }
+
+    /// Arrival times of reads no longer queued (started, or failed).
+    fn forget_started_reads(&mut self) {
+        if self.read_arrivals.is_empty() {
+            return;
+        }
+        let queued: BTreeSet<OpId> = self.queue.iter().map(|(op, _)| *op).collect();
+        self.read_arrivals.retain(|op, _| queued.contains(op));
     }
 
     fn set_local_readable_from_state(&mut self) {

@@ -146,6 +146,12 @@ pub(super) struct Member {
     /// Regions written while it resyncs, kept in its persisted map.
     pub(super) written_during_sync: RegionSet,
     pub(super) progress_mark: (u64, u64),
+    /// When we sent (by our clock) the newest message it answered: its
+    /// vote for the read lease, whatever its state (it welcomes no newer
+    /// primary for a while after it answers).
+    pub(super) answered_sent_ms: Option<u64>,
+    /// When the last keepalive went to it.
+    pub(super) pinged_ms: u64,
 }
 
 impl Member {
@@ -170,6 +176,8 @@ impl Member {
             map_since: None,
             written_during_sync: RegionSet::new(),
             progress_mark: (0, 0),
+            answered_sent_ms: None,
+            pinged_ms: 0,
         }
     }
 

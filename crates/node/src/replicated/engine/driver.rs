@@ -4,9 +4,9 @@
 //! blocks: socket writes are non-blocking, slow work goes to tasks.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use trireme_control::{Command, CommandError, SyncProgress as ControlProgress};
@@ -16,6 +16,7 @@ use trireme_replication::{
 use trireme_store::Volume;
 use trireme_types::{Generation, NodeId, SnapshotId, VolumeName};
 
+use super::super::clock::Clock;
 use super::super::local::{LocalLink, LocalOutcome};
 use super::super::serve::ReplicaService;
 use super::remote::RemoteLink;
@@ -79,7 +80,8 @@ pub(super) struct DriverStart {
     pub core: Weak<Core>,
     pub persister: mpsc::UnboundedSender<PersistJob>,
     pub local_readable: Arc<AtomicBool>,
-    pub started: Instant,
+    pub lease_until: Arc<AtomicU64>,
+    pub clock: Clock,
 }
 
 pub(super) struct Driver {
@@ -102,7 +104,9 @@ pub(super) struct Driver {
     next_op: u64,
     persister: mpsc::UnboundedSender<PersistJob>,
     local_readable: Arc<AtomicBool>,
-    started: Instant,
+    /// The engine's read lease, by `clock`: local reads start before it.
+    lease_until: Arc<AtomicU64>,
+    clock: Clock,
     /// The engine stopped: inputs go to its task from now on.
     pub stopping: bool,
     /// MarkInSync proposals in flight: id → node.
@@ -139,7 +143,8 @@ impl Driver {
             next_op: 1,
             persister: start.persister,
             local_readable: start.local_readable,
-            started: start.started,
+            lease_until: start.lease_until,
+            clock: start.clock,
             stopping: false,
             joining: BTreeMap::new(),
             reconnect_delays: BTreeMap::new(),
@@ -151,7 +156,7 @@ impl Driver {
     }
 
     fn now(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
+        self.clock.now_ms()
     }
 
     pub fn handle(&mut self, input: Input) {
@@ -307,6 +312,8 @@ impl Driver {
             }
             self.write_staged();
             if self.queued.is_empty() {
+                self.lease_until
+                    .store(self.primary.read_lease_until(), Ordering::Release);
                 self.log_counters();
                 return;
             }

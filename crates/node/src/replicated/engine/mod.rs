@@ -27,9 +27,9 @@ mod remote;
 mod tasks;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use trireme_control::{QuorumPolicy, ReplicaKind, VolumeRecord};
 use trireme_replication::{
@@ -42,6 +42,7 @@ use trireme_types::{Generation, NodeId, SnapshotId, VolumeName};
 /// The replicas a snapshot was taken on, or why it was not.
 pub type SnapshotOutcome = Result<std::collections::BTreeSet<NodeId>, String>;
 
+use super::clock::Clock;
 use super::serve::ReplicaService;
 use super::ReplicationMeta;
 use crate::cluster::Cluster;
@@ -158,12 +159,26 @@ pub struct EngineHandle {
     core: Arc<Core>,
     /// This node's copy, when it holds one.
     pub(crate) local: Option<Arc<Volume>>,
-    /// Reads may go straight to `local` (it is up to date and linked).
-    pub(crate) local_readable: Arc<AtomicBool>,
+    /// Reads may go straight to `local` (it is up to date and linked)...
+    local_readable: Arc<AtomicBool>,
+    /// ...if they start before this time by `clock`: the engine's read
+    /// lease (see `trireme_replication::Primary::read_lease_until`).
+    lease_until: Arc<AtomicU64>,
+    clock: Clock,
     stopped: Arc<AtomicBool>,
 }
 
 impl EngineHandle {
+    /// Whether a read starting now may go straight to the local copy: it
+    /// is up to date, and the engine's read lease holds (no newer primary
+    /// can have completed a write). Otherwise it goes through the engine,
+    /// which waits for the lease.
+    pub(crate) fn reads_locally(&self) -> bool {
+        self.local.is_some()
+            && self.local_readable.load(Ordering::Acquire)
+            && self.clock.now_ms() < self.lease_until.load(Ordering::Acquire)
+    }
+
     pub fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::Acquire)
     }
@@ -271,9 +286,11 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
         dirty_maps,
     };
     let runtime = tokio::runtime::Handle::current();
-    let primary = Primary::new(config, 0);
+    let clock = Clock::start();
+    let primary = Primary::new(config, clock.now_ms());
     let (stopped_inputs, receiver) = mpsc::unbounded_channel();
     let local_readable = Arc::new(AtomicBool::new(false));
+    let lease_until = Arc::new(AtomicU64::new(0));
     let stopped = Arc::new(AtomicBool::new(false));
     let core = Arc::new_cyclic(|core: &std::sync::Weak<Core>| Core {
         driver: Mutex::new(Driver::new(driver::DriverStart {
@@ -291,7 +308,8 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
                 core.clone(),
             ),
             local_readable: local_readable.clone(),
-            started: Instant::now(),
+            lease_until: lease_until.clone(),
+            clock,
         })),
         stopped_inputs,
         runtime,
@@ -303,6 +321,8 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
         core: core.clone(),
         local: start.local,
         local_readable: local_readable.clone(),
+        lease_until,
+        clock,
         stopped: stopped.clone(),
     });
     tasks::spawn_view_watch(start.cluster, record.name.clone(), Arc::downgrade(&core));
