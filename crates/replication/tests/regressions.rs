@@ -1364,3 +1364,51 @@ fn a_replaced_primary_answers_no_read_once_its_lease_ran_out() {
         world.done.get(&3)
     );
 }
+
+/// SIGSTOP on the primary for 10 s during writes: on SIGCONT its first tick
+/// judged the replicas' answers, which waited unread in its sockets, as
+/// missing: both healthy replicas were reset and outdated, and the writes
+/// in flight failed for want of quorum (issue 19). Time the engine did not
+/// run no longer counts against its members; its read lease still runs out.
+#[test]
+fn a_stopped_primary_judges_no_member_by_the_time_it_did_not_run() {
+    let mut world = World::build_with(
+        view(2, &[1, 2, 3]),
+        BTreeMap::new(),
+        replicas_at(1),
+        NoQuorumPolicy::IoError,
+    );
+    world.run();
+    world.tick(1_000);
+    // The answers of nodes 2 and 3 are on their way when the engine stops.
+    world.replicas.get_mut(&NodeId(2)).unwrap().hold = true;
+    world.replicas.get_mut(&NodeId(3)).unwrap().hold = true;
+    for op in 1..=4 {
+        world.write(op, op * 4096, op as u8, false);
+    }
+    assert!(world.done.is_empty());
+    // Stopped for 10 s: the first tick after is the first thing it does.
+    world.now += 10_000;
+    world.engine.tick(world.now);
+    assert!(
+        world.engine.read_lease_until() <= world.now,
+        "the lease is not stretched over the stop"
+    );
+    world.run();
+    // Then its link readers hand it what waited.
+    world.release(NodeId(2));
+    world.release(NodeId(3));
+    world.tick(6_000);
+    for op in 1..=4 {
+        assert_eq!(world.done.get(&op), Some(&Ok(Completion::Done)), "op {op}");
+    }
+    assert!(
+        world.proposed.is_empty(),
+        "no member is outdated: {:?}",
+        world.proposed
+    );
+    for node in [2, 3] {
+        assert_eq!(world.state(node), "up-to-date");
+    }
+    assert!(matches!(world.read(5, 4096), Some(Ok(_))));
+}

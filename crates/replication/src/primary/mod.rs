@@ -46,6 +46,12 @@
 //!   reads on its own. Links without traffic get a `Ping` every
 //!   [`PING_EVERY_MS`]. A read without a lease waits, and fails after
 //!   [`NO_QUORUM_FAIL_MS`] under the io-error policy, as writes do.
+//! - Time the engine itself did not run (a tick [`TICK_GAP_MS`] or more
+//!   after the previous one: its process was stopped, or starved) does not
+//!   count against its members, whose answers wait unread in the links:
+//!   timeouts of what was sent or started before count from that tick. The
+//!   lease is never stretched so: it runs out, and the next answers renew
+//!   it.
 
 //!
 //! Modules: [`types`] (the public vocabulary: views, requests, actions),
@@ -89,6 +95,9 @@ pub const PROGRESS_EVERY_MS: u64 = 1_000;
 pub use crate::message::LEASE_MS;
 /// A member whose last answer is older than this gets a `Ping`.
 pub const PING_EVERY_MS: u64 = LEASE_MS / 4;
+/// Ticks come every 100 ms or so; one that comes this long after the
+/// previous one means the engine did not run meanwhile.
+pub const TICK_GAP_MS: u64 = 1_000;
 
 mod io;
 mod links;
@@ -145,6 +154,9 @@ pub struct Primary {
     copying: RegionSet,
     resync_tokens: f64,
     last_tick_ms: u64,
+    /// The tick that ended the last long gap between ticks: timeouts of
+    /// what was sent or started before it count from it.
+    resumed_ms: u64,
     /// When each client read still queued arrived: it is served once the
     /// lease covers that time.
     read_arrivals: BTreeMap<OpId, u64>,
@@ -224,6 +236,7 @@ impl Primary {
             copying: RegionSet::new(),
             resync_tokens: 0.0,
             last_tick_ms: now_ms,
+            resumed_ms: now_ms,
             read_arrivals: BTreeMap::new(),
             last_progress_ms: now_ms,
             now_ms,
@@ -425,9 +438,10 @@ impl Primary {
         arrived < self.read_lease_until()
     }
 
-    /// How long ago `at` was.
+    /// How long ago `at` was, not counting the last long gap between ticks
+    /// (the engine did not run then).
     fn waited_since(&self, at: u64) -> u64 {
-        self.now_ms.saturating_sub(at)
+        self.now_ms.saturating_sub(at.max(self.resumed_ms))
     }
 
     pub fn persisted(&mut self, token: u64, now_ms: u64) {
@@ -571,6 +585,12 @@ impl Primary {
         self.last_tick_ms = now_ms;
         if self.is_stopped() {
             return;
+        }
+        if elapsed >= TICK_GAP_MS {
+            // The engine did not run (its process was stopped): what the
+            // members answered meanwhile waits in the links, unread. Judge
+            // nothing sent before now until they have had their time.
+            self.resumed_ms = now_ms;
         }
         self.send_pings();
         self.resync_failed.clear();
