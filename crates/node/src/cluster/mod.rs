@@ -37,9 +37,16 @@ pub const QUORUM_ACK_FRESH: Duration = Duration::from_secs(3);
 /// How long a write waits for this node to apply it after it committed.
 pub const APPLY_WAIT: Duration = Duration::from_secs(5);
 /// How often every node tells the leader it is alive.
-pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(1000);
-/// A node the leader has not heard from for this long is offline.
-pub const OFFLINE_AFTER: Duration = Duration::from_secs(5);
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
+/// A node the leader has not heard from for this long is offline. A VM's
+/// failover waits for it (an attach elsewhere is refused while the
+/// primary's node is online), so it is short: six missed heartbeats. With
+/// a new leader's election (1-2 s), the grace it gives every node, and its
+/// look every 500 ms, a dead leader's volumes can be attached elsewhere
+/// about 6.5 s after the crash (a follower's after about 3 s); the promise
+/// is 10 s (`crates/cli/tests/takeover.rs` measures both).
+pub const OFFLINE_AFTER: Duration = Duration::from_secs(3);
+const _: () = assert!(OFFLINE_AFTER.as_millis() >= 4 * HEARTBEAT_INTERVAL.as_millis());
 
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
