@@ -564,15 +564,20 @@ pub enum VolumeCommand {
     /// Attaching where no other node is attached starts a new generation of
     /// the volume's data: replicas then refuse writes from any former
     /// primary, so a node cut off from the cluster cannot corrupt them.
-    /// Refused when the volume is attached on another node (detach it there
-    /// first), when the node is not online, or when no replica is up to
-    /// date. Attaching on the node where it is attached changes nothing.
+    /// Attaching while the primary's node is offline (its machine died) is a
+    /// failover in one step: that primary is fenced the same way and this
+    /// node serves every acknowledged write. Refused while the primary's
+    /// node is still counted online (the message says when it was last
+    /// heard from), when the node is not online, or when no replica is up
+    /// to date. Attaching on the node where it is attached changes nothing.
     ///
     /// Examples:
     ///   trireme volume attach vm1 --node pve1
     ///   # live migration: attach on the target too, then detach the source
     ///   trireme volume attach vm1 --node pve2 --allow-two-primaries
     ///   trireme volume detach vm1 --node pve1
+    ///   # pve2 died a moment ago, before the cluster noticed
+    ///   trireme volume attach vm1 --node pve3 --force-takeover
     #[command(verbatim_doc_comment)]
     Attach {
         #[arg(value_parser = parse_volume_name)]
@@ -583,8 +588,14 @@ pub enum VolumeCommand {
         /// Allow a second primary while the volume is attached elsewhere,
         /// for a VM's live migration. Both serve the same data; detach the
         /// old one once the VM has moved.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "force_takeover")]
         allow_two_primaries: bool,
+        /// Take the volume over from a primary whose node is still counted
+        /// online, when you know its machine is dead (it would be marked
+        /// offline within seconds): that primary is fenced, and its VM must
+        /// not be started there again.
+        #[arg(long)]
+        force_takeover: bool,
     },
     /// Detach a volume: the node stops serving it (its NBD clients get
     /// errors). The data and the replicas stay.
@@ -1433,12 +1444,41 @@ mod tests {
             name,
             node,
             allow_two_primaries,
+            force_takeover,
         }) = cli.command
         else {
             panic!("wrong command: {:?}", cli.command);
         };
         assert_eq!((name.as_str(), node.as_str()), ("vm1", "pve1"));
-        assert!(!allow_two_primaries);
+        assert!(!allow_two_primaries && !force_takeover);
+        assert!(parse(&[
+            "volume",
+            "attach",
+            "vm1",
+            "--node",
+            "pve2",
+            "--force-takeover"
+        ])
+        .is_ok_and(|cli| matches!(
+            cli.command,
+            Command::Volume(VolumeCommand::Attach {
+                force_takeover: true,
+                ..
+            })
+        )));
+        assert!(
+            parse(&[
+                "volume",
+                "attach",
+                "vm1",
+                "--node",
+                "pve2",
+                "--force-takeover",
+                "--allow-two-primaries"
+            ])
+            .is_err(),
+            "a takeover is not a migration"
+        );
         assert!(
             parse(&["volume", "attach", "vm1"]).is_err(),
             "--node is required"

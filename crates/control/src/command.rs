@@ -132,11 +132,18 @@ pub enum Command {
     /// Make `node` a primary of the volume. With no other primary the
     /// generation moves forward (the new primary fences every older one);
     /// a second primary (`allow_two_primaries`, a live migration) shares
-    /// the current generation. Replies [`Reply::Generation`].
+    /// the current generation. A primary whose node is not online, or any
+    /// primary with `force_takeover`, is taken over: it stops being a
+    /// primary and the generation moves forward, which fences it (a
+    /// failover in one step). Replies [`Reply::Attached`].
     AttachVolume {
         name: VolumeName,
         node: NodeId,
         allow_two_primaries: bool,
+        /// Take over from a primary whose node is still online (its
+        /// machine is known to be dead but not yet marked offline).
+        #[serde(default)]
+        force_takeover: bool,
         now_ms: u64,
     },
     /// A primary restarted its engine: the generation moves forward, so
@@ -261,6 +268,26 @@ pub enum Command {
     },
 }
 
+/// The ways out of an attach refused because the volume's primary is on a
+/// node still counted online, the failover's first: whoever attaches
+/// elsewhere is usually restarting a VM whose machine died.
+pub fn takeover_advice(name: &str, primary: &str) -> String {
+    format!(
+        "If '{primary}' is down, attach again once it is marked offline: the attach then takes the volume over and fences '{primary}' (or pass --force-takeover now if you know it is dead). If a VM is moving there, pass --allow-two-primaries; to move a stopped VM, detach it there first (`trireme volume detach {name}`)"
+    )
+}
+
+/// A primary that an attach took the volume over from: it is no longer a
+/// primary, and the replicas refuse its writes once the new primary's
+/// generation reaches them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FencedPrimary {
+    pub node: NodeId,
+    /// Its node's state when it was fenced (`Online` only with
+    /// `force_takeover`).
+    pub state: NodeState,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Done,
@@ -272,8 +299,14 @@ pub enum Reply {
         replaced: Vec<VolumeName>,
         degraded: Vec<VolumeName>,
     },
-    /// The volume's generation after an attach or a reattach.
+    /// The volume's generation after a reattach.
     Generation(Generation),
+    /// The volume's generation after an attach, and the primaries it
+    /// fenced (taken over from), each with its node's state then.
+    Attached {
+        generation: Generation,
+        fenced: Vec<FencedPrimary>,
+    },
     Snapshot(Box<crate::snapshot::SnapshotRecord>),
 }
 
@@ -316,14 +349,12 @@ pub enum CommandError {
     Placement { name: String, reason: String },
     #[error("node '{node}' is {state}; attach the volume on an online node")]
     NodeNotOnline { node: String, state: String },
-    #[error("volume '{name}' is attached on node '{primary}'; detach it there first (`trireme volume detach {name}`), or pass --allow-two-primaries to attach it on a second node while a VM migrates")]
+    /// The primary's node is online as far as the control plane knows: a
+    /// live migration passes --allow-two-primaries; a failover waits until
+    /// the node is marked offline, or forces the takeover. The node's API
+    /// adds when the node was last heard from.
+    #[error("volume '{name}' is attached on node '{primary}', which the cluster still counts as online. {}", takeover_advice(.name, .primary))]
     AlreadyAttached { name: String, primary: String },
-    #[error("volume '{name}' is attached on node '{primary}', which is {state}; if that machine or its VM is down, detach the volume there (`trireme volume detach {name} --node {primary}`) then attach it here: once the replicas see the new generation, the former primary can write to none of them")]
-    AttachedOnDownNode {
-        name: String,
-        primary: String,
-        state: String,
-    },
     #[error("volume '{name}' already has two primaries ({primaries}); detach one of them first (`trireme volume detach {name} --node NODE`)")]
     TwoPrimaries { name: String, primaries: String },
     #[error("volume '{name}' has no up-to-date replica, so no node can serve its data; start the node that held its last up-to-date replica again")]
@@ -468,8 +499,9 @@ impl ClusterState {
                 name,
                 node,
                 allow_two_primaries,
+                force_takeover,
                 now_ms,
-            } => self.attach_volume(name, node, allow_two_primaries, now_ms),
+            } => self.attach_volume(name, node, allow_two_primaries, force_takeover, now_ms),
             Command::ReattachVolume { name, node, now_ms } => {
                 self.reattach_volume(name, node, now_ms)
             }
@@ -1175,6 +1207,7 @@ impl ClusterState {
         name: VolumeName,
         node: NodeId,
         allow_two_primaries: bool,
+        force_takeover: bool,
         now_ms: u64,
     ) -> Result<Reply, CommandError> {
         let volume = self.live_volume(&name)?;
@@ -1189,32 +1222,45 @@ impl ClusterState {
             });
         }
         if volume.is_primary(node) {
-            return Ok(Reply::Generation(volume.generation));
+            return Ok(Reply::Attached {
+                generation: volume.generation,
+                fenced: Vec::new(),
+            });
         }
-        match volume.primaries.as_slice() {
-            [] => {}
-            [only] if !allow_two_primaries => {
-                let primary = self.node_name(only.node);
-                return Err(match self.nodes.get(&only.node).map(|n| n.state) {
-                    Some(state) if state != NodeState::Online => CommandError::AttachedOnDownNode {
-                        name: name.to_string(),
-                        primary,
-                        state: state.as_str().to_string(),
-                    },
-                    _ => CommandError::AlreadyAttached {
-                        name: name.to_string(),
-                        primary,
-                    },
-                });
+        let fenced = match volume.primaries.as_slice() {
+            [] => Vec::new(),
+            [only] => {
+                // A node that is not online cannot be a migration's source:
+                // whatever ran there is dead or cut off, so the attach is a
+                // failover and takes the volume over, even when two
+                // primaries are allowed.
+                // (A removed node, which the invariants rule out, would be
+                // as gone as an offline one.)
+                let state = self
+                    .nodes
+                    .get(&only.node)
+                    .map_or(NodeState::Offline, |record| record.state);
+                match state {
+                    NodeState::Online if allow_two_primaries && !force_takeover => Vec::new(),
+                    NodeState::Online if !force_takeover => {
+                        return Err(CommandError::AlreadyAttached {
+                            name: name.to_string(),
+                            primary: self.node_name(only.node),
+                        })
+                    }
+                    state => vec![FencedPrimary {
+                        node: only.node,
+                        state,
+                    }],
+                }
             }
-            [_] => {}
             _ => {
                 return Err(CommandError::TwoPrimaries {
                     name: name.to_string(),
                     primaries: self.primaries_text(volume),
                 })
             }
-        }
+        };
         if volume.in_sync.is_empty() {
             return Err(CommandError::NoUpToDateReplica {
                 name: name.to_string(),
@@ -1227,9 +1273,12 @@ impl ClusterState {
             });
         }
         let volume = self.volume_mut(&name)?;
+        volume
+            .primaries
+            .retain(|primary| !fenced.iter().any(|gone| gone.node == primary.node));
         if volume.primaries.is_empty() {
             // A new history: every replica refuses the writes of whoever
-            // was primary before.
+            // was primary before, including the primaries just fenced.
             volume.generation = volume.generation.next();
         }
         ClusterState::primaries_changed(volume, "the volume was attached while it was taken");
@@ -1237,7 +1286,10 @@ impl ClusterState {
             node,
             since_ms: now_ms,
         });
-        Ok(Reply::Generation(volume.generation))
+        Ok(Reply::Attached {
+            generation: volume.generation,
+            fenced,
+        })
     }
 
     fn reattach_volume(

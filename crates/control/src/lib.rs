@@ -20,7 +20,7 @@ pub mod placer;
 pub mod raft;
 pub mod snapshot;
 
-pub use command::{Command, CommandError, NodeRegistration, PoolReport, Reply};
+pub use command::{Command, CommandError, FencedPrimary, NodeRegistration, PoolReport, Reply};
 pub use model::*;
 pub use snapshot::{
     CloneOrigin, Rollback, SnapshotRecord, SnapshotSchedule, SnapshotState, SnapshotTaker,

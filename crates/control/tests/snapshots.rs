@@ -173,6 +173,7 @@ fn attach(state: &mut ClusterState, node: u64) {
             name: vname("v"),
             node: NodeId(node),
             allow_two_primaries: false,
+            force_takeover: false,
             now_ms: T0 + 5,
         },
     );
@@ -441,6 +442,7 @@ fn a_rollback_makes_the_holders_up_to_date_at_a_new_generation() {
             name: vname("v"),
             node: NodeId(1),
             allow_two_primaries: false,
+            force_takeover: false,
             now_ms: T0 + 20,
         },
     );

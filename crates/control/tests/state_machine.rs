@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 use trireme_control::command::MAX_PLACE_COUNT;
 use trireme_control::{
-    ClusterSettings, ClusterState, Command, CommandError, NodeRegistration, NodeState, PoolRecord,
-    PoolReport, PrimaryRecord, QuorumPolicy, ReplicaKind, ReplicaObserved, Reply, ResourceGroup,
-    SyncProgress, VolumeRecord, DEFAULT_GROUP, JOIN_WINDOW_MS,
+    ClusterSettings, ClusterState, Command, CommandError, FencedPrimary, NodeRegistration,
+    NodeState, PoolRecord, PoolReport, PrimaryRecord, QuorumPolicy, ReplicaKind, ReplicaObserved,
+    Reply, ResourceGroup, SyncProgress, VolumeRecord, DEFAULT_GROUP, JOIN_WINDOW_MS,
 };
 use trireme_types::{
     DeviceClass, Generation, GroupName, NodeId, NodeName, PoolName, SnapshotId, SnapshotName,
@@ -1104,6 +1104,7 @@ fn attach_command(volume: &str, node: u64, allow_two_primaries: bool) -> Command
         name: vname(volume),
         node: NodeId(node),
         allow_two_primaries,
+        force_takeover: false,
         now_ms: T0 + 1,
     }
 }
@@ -1152,7 +1153,7 @@ fn remove_replica_command(volume: &str, node: u64) -> Command {
 #[track_caller]
 fn generation_of(reply: Reply) -> Generation {
     match reply {
-        Reply::Generation(generation) => generation,
+        Reply::Generation(generation) | Reply::Attached { generation, .. } => generation,
         other => panic!("expected a generation, got {other:?}"),
     }
 }
@@ -1205,6 +1206,90 @@ fn a_new_volume_starts_at_generation_one_with_every_replica_in_sync() {
     assert!(!two.is_primary(NodeId(1)));
 }
 
+fn attach_with(
+    volume: &str,
+    node: u64,
+    allow_two_primaries: bool,
+    force_takeover: bool,
+) -> Command {
+    Command::AttachVolume {
+        name: vname(volume),
+        node: NodeId(node),
+        allow_two_primaries,
+        force_takeover,
+        now_ms: T0 + 2,
+    }
+}
+
+#[track_caller]
+fn attached(reply: Reply) -> (Generation, Vec<FencedPrimary>) {
+    match reply {
+        Reply::Attached { generation, fenced } => (generation, fenced),
+        other => panic!("expected an attach's reply, got {other:?}"),
+    }
+}
+
+/// A failover in one step: attaching where the only primary's node is
+/// offline (or evicted) takes the volume over, fences that primary with a
+/// new generation, and says so; with two primaries allowed too, since a
+/// node that is not online cannot be a migration's source.
+#[test]
+fn attach_takes_over_from_a_primary_whose_node_is_not_online() {
+    for (down, two) in [
+        (NodeState::Offline, false),
+        (NodeState::Offline, true),
+        (NodeState::Evicted, false),
+    ] {
+        let mut state = cluster(&["za", "zb", "zc"]);
+        created(apply_ok(&mut state, create_command("v", GIB)));
+        apply_ok(&mut state, attach_command("v", 1, false));
+        state.nodes.get_mut(&NodeId(1)).unwrap().state = down;
+        let (generation, fenced) = attached(apply_ok(&mut state, attach_with("v", 2, two, false)));
+        assert_eq!(generation, Generation(3), "{down:?}");
+        assert_eq!(
+            fenced,
+            vec![FencedPrimary {
+                node: NodeId(1),
+                state: down
+            }]
+        );
+        assert_eq!(primaries(&state, "v"), vec![NodeId(2)]);
+        assert_eq!(state.volumes[&vname("v")].primaries[0].since_ms, T0 + 2);
+        assert_eq!(state.check_invariants(), Ok(()));
+    }
+}
+
+/// While the primary's node is online, only --force-takeover takes over
+/// (the admin knows the machine is dead before the cluster does).
+#[test]
+fn force_takeover_fences_a_primary_still_counted_online() {
+    let mut state = cluster(&["za", "zb", "zc"]);
+    created(apply_ok(&mut state, create_command("v", GIB)));
+    apply_ok(&mut state, attach_command("v", 1, false));
+    let (generation, fenced) = attached(apply_ok(&mut state, attach_with("v", 2, false, true)));
+    assert_eq!(generation, Generation(3));
+    assert_eq!(
+        fenced,
+        vec![FencedPrimary {
+            node: NodeId(1),
+            state: NodeState::Online
+        }]
+    );
+    assert_eq!(primaries(&state, "v"), vec![NodeId(2)]);
+    // Forcing where the node already is primary fences nobody.
+    let before = state.clone();
+    let (generation, fenced) = attached(apply_ok(&mut state, attach_with("v", 2, false, true)));
+    assert_eq!((generation, fenced), (Generation(3), vec![]));
+    assert_eq!(state, before);
+    // Two primaries (a migration under way) are not taken over by force.
+    apply_ok(&mut state, attach_with("v", 3, true, false));
+    let error = refused(&mut state, attach_with("v", 1, false, true));
+    assert!(
+        matches!(error, CommandError::TwoPrimaries { .. }),
+        "{error:?}"
+    );
+}
+
 #[test]
 fn the_first_attach_moves_the_generation_and_a_second_primary_shares_it() {
     let mut state = cluster(&["za", "zb", "zc"]);
@@ -1243,27 +1328,11 @@ fn the_first_attach_moves_the_generation_and_a_second_primary_shares_it() {
     );
     let text = error.to_string();
     assert!(
-        text.contains("'n1'") && text.contains("--allow-two-primaries") && text.contains("detach"),
-        "{text}"
-    );
-
-    // When the primary's node is offline (its machine died), the refusal
-    // says so and gives the failover's commands instead.
-    let mut down = state.clone();
-    down.nodes.get_mut(&NodeId(1)).unwrap().state = NodeState::Offline;
-    let error = refused(&mut down, attach_command("v", 2, false));
-    assert_eq!(
-        error,
-        CommandError::AttachedOnDownNode {
-            name: "v".into(),
-            primary: "n1".into(),
-            state: "offline".into()
-        }
-    );
-    let text = error.to_string();
-    assert!(
-        text.contains("'n1', which is offline")
-            && text.contains("trireme volume detach v --node n1"),
+        text.contains("'n1'")
+            && text.contains("still counts as online")
+            && text.contains("--allow-two-primaries")
+            && text.contains("--force-takeover")
+            && text.contains("detach"),
         "{text}"
     );
 
@@ -2128,11 +2197,12 @@ fn attach_command_strategy(now: u64) -> impl Strategy<Value = Command> {
     let volume = (0..VOLUMES.len()).prop_map(|index| vname(VOLUMES[index]));
     let generation = (1u64..6).prop_map(Generation);
     prop_oneof![
-        4 => (volume.clone(), node_id(), prop::bool::weighted(0.3)).prop_map(
-            move |(name, node, allow_two_primaries)| Command::AttachVolume {
+        4 => (volume.clone(), node_id(), prop::bool::weighted(0.3), prop::bool::weighted(0.1)).prop_map(
+            move |(name, node, allow_two_primaries, force_takeover)| Command::AttachVolume {
                 name,
                 node,
                 allow_two_primaries,
+                force_takeover,
                 now_ms: now,
             }
         ),
@@ -2302,6 +2372,7 @@ enum Intent {
         volume: usize,
         node: usize,
         two: bool,
+        takeover: bool,
     },
     Reattach {
         volume: usize,
@@ -2360,8 +2431,8 @@ fn intent() -> impl Strategy<Value = Intent> {
         3 => (volume.clone(), 1usize..4).prop_map(|(volume, replicas)| Intent::Create { volume, replicas }),
         1 => volume.clone().prop_map(|volume| Intent::Delete { volume }),
         2 => volume.clone().prop_map(|volume| Intent::ReportReady { volume }),
-        4 => (volume.clone(), index.clone(), prop::bool::weighted(0.3))
-            .prop_map(|(volume, node, two)| Intent::Attach { volume, node, two }),
+        4 => (volume.clone(), index.clone(), prop::bool::weighted(0.3), prop::bool::weighted(0.1))
+            .prop_map(|(volume, node, two, takeover)| Intent::Attach { volume, node, two, takeover }),
         1 => (volume.clone(), index.clone()).prop_map(|(volume, node)| Intent::Reattach { volume, node }),
         2 => (volume.clone(), prop::option::of(index.clone()))
             .prop_map(|(volume, node)| Intent::Detach { volume, node }),
@@ -2443,10 +2514,16 @@ fn resolve(state: &ClusterState, intent: &Intent) -> Command {
                 allocated_bytes: 0,
             }
         }
-        Intent::Attach { volume, node, two } => Command::AttachVolume {
+        Intent::Attach {
+            volume,
+            node,
+            two,
+            takeover,
+        } => Command::AttachVolume {
             name: name(volume),
             node: pick(&nodes, node),
             allow_two_primaries: two,
+            force_takeover: takeover,
             now_ms: T0,
         },
         Intent::Reattach { volume, node } => Command::ReattachVolume {
@@ -2553,13 +2630,25 @@ proptest! {
                 };
                 let moved = after.generation.0 - earlier.generation.0;
                 let allowed = match &command {
-                    Command::AttachVolume { name: target, .. } if target == name && earlier.primaries.is_empty() => 1,
+                    // An attach with no primary left from before: a first
+                    // attach, or a takeover that fenced the only primary.
+                    Command::AttachVolume { name: target, .. } if target == name
+                        && !earlier.primaries.iter().any(|p| after.is_primary(p.node)) => 1,
                     Command::ReattachVolume { name: target, .. } if target == name => 1,
                     _ => 0,
                 };
                 prop_assert!(after.generation >= earlier.generation);
                 prop_assert!(moved == allowed || (moved == 0 && result.is_err()),
                     "{:?} moved the generation of {} by {}", command, name, moved);
+            }
+            // A primary on an online node is taken over only by force.
+            if let (Command::AttachVolume { name, force_takeover: false, .. }, Ok(_)) = (&command, &result) {
+                for primary in &before.volumes[name].primaries {
+                    if before.nodes.get(&primary.node).is_some_and(|n| n.state == NodeState::Online) {
+                        prop_assert!(first.volumes[name].is_primary(primary.node),
+                            "{:?} took over from online node {}", command, primary.node);
+                    }
+                }
             }
             // The fence: a stale generation or a non-primary never changes
             // the in-sync set.

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 use trireme_node::api::model::{
-    AddReplicaRequest, AttachRequest, CloneRequest, CreateVolumeRequest, DetachRequest,
-    GrowVolumeRequest, NodeEntry, NodeResponse, PoolResponse, ReplicaResponse, RollbackRequest,
-    VerifyResponse, VolumeResponse,
+    AddReplicaRequest, AttachRequest, AttachResponse, CloneRequest, CreateVolumeRequest,
+    DetachRequest, GrowVolumeRequest, NodeEntry, NodeResponse, PoolResponse, ReplicaResponse,
+    RollbackRequest, VerifyResponse, VolumeResponse,
 };
 use trireme_types::{format_size, VolumeName};
 
@@ -112,31 +112,20 @@ pub fn run(command: VolumeCommand, format: OutputFormat, client: &Client) -> Res
             name,
             node,
             allow_two_primaries,
+            force_takeover,
         } => {
             let answer = client.post(
                 &format!("/volumes/{name}/attach"),
                 &AttachRequest {
                     node: node.to_string(),
                     allow_two_primaries,
+                    force_takeover,
                 },
             )?;
             if json {
                 output::print_json(&answer);
             } else {
-                let volume: VolumeResponse = answer.parse()?;
-                println!(
-                    "volume '{name}' is attached on {} (generation {})",
-                    volume.primaries.join(" and "),
-                    volume.generation
-                );
-                if let Some(url) = &volume.nbd_url {
-                    println!("served at {url}");
-                }
-                if volume.primaries.len() > 1 {
-                    println!(
-                        "two primaries: detach one once the migration is done (`trireme volume detach {name} --node NODE`)"
-                    );
-                }
+                print_attached(&name, &answer.parse()?);
             }
         }
         VolumeCommand::Detach { name, node } => {
@@ -497,5 +486,32 @@ fn verify(
             format_size(report.skipped_bytes)
         ),
         _ => Ok(()),
+    }
+}
+
+/// What an attach did: where the volume is served now and, after a
+/// takeover, what became of the former primary.
+fn print_attached(name: &VolumeName, answer: &AttachResponse) {
+    let volume = &answer.volume;
+    println!(
+        "volume '{name}' is attached on {} (generation {})",
+        volume.primaries.join(" and "),
+        volume.generation
+    );
+    if let Some(url) = &volume.nbd_url {
+        println!("served at {url}");
+    }
+    for fenced in &answer.fenced {
+        println!(
+            "took over from {node} ({state}): {node} is fenced (the replicas refuse its writes, which carry a generation older than {generation}) and serves '{name}' no more. Do not start the VM that used it there again: it would run on the old disk state",
+            node = fenced.node,
+            state = fenced.state,
+            generation = volume.generation,
+        );
+    }
+    if volume.primaries.len() > 1 {
+        println!(
+            "two primaries: detach one once the migration is done (`trireme volume detach {name} --node NODE`)"
+        );
     }
 }

@@ -99,9 +99,9 @@ impl From<crate::cluster::ClusterError> for ApiError {
                 CommandError::ShrinkRefused { .. } => (StatusCode::BAD_REQUEST, "shrink_refused"),
                 CommandError::Placement { .. } => (StatusCode::CONFLICT, "placement_failed"),
                 CommandError::NodeNotOnline { .. } => (StatusCode::CONFLICT, "node_not_online"),
-                CommandError::AlreadyAttached { .. }
-                | CommandError::AttachedOnDownNode { .. }
-                | CommandError::TwoPrimaries { .. } => (StatusCode::CONFLICT, "already_attached"),
+                CommandError::AlreadyAttached { .. } | CommandError::TwoPrimaries { .. } => {
+                    (StatusCode::CONFLICT, "already_attached")
+                }
                 CommandError::NoUpToDateReplica { .. } => {
                     (StatusCode::CONFLICT, "no_up_to_date_replica")
                 }

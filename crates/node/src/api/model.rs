@@ -165,6 +165,33 @@ pub struct AttachRequest {
     /// live migration); refused otherwise.
     #[serde(default)]
     pub allow_two_primaries: bool,
+    /// Take the volume over from a primary whose node the cluster still
+    /// counts as online, because you know that machine is dead: it is
+    /// fenced. A primary on an offline or evicted node is taken over
+    /// without it.
+    #[serde(default)]
+    pub force_takeover: bool,
+}
+
+/// The answer to an attach: the volume as after it, served at `nbd_url` by
+/// the node just attached, and the primaries this attach took it over from.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct AttachResponse {
+    #[serde(flatten)]
+    pub volume: VolumeResponse,
+    /// Former primaries fenced by this attach: they are primaries no more,
+    /// and the replicas refuse their writes (a new generation). Their VM
+    /// must not be started again with the old disk state.
+    #[serde(default)]
+    pub fenced: Vec<FencedPrimaryResponse>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FencedPrimaryResponse {
+    pub node: String,
+    /// Its state when it was fenced: `offline`, `evicted`, or `online`
+    /// (with `force_takeover`).
+    pub state: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -11,17 +11,19 @@ use axum::http::StatusCode;
 use axum::Json;
 use std::time::Duration;
 use trireme_control::{
-    ClusterState, Command, NodeState, ReplicaKind, ReplicaObserved, ReplicaRecord, Reply,
-    SyncProgress, VolumeRecord,
+    command::takeover_advice, ClusterState, Command, CommandError, NodeState, ReplicaKind,
+    ReplicaObserved, ReplicaRecord, Reply, SyncProgress, VolumeRecord,
 };
 use trireme_types::{GroupName, NodeId, NodeName, VolumeName};
 
 use super::model::{
-    AddReplicaRequest, AttachRequest, CreateVolumeRequest, DetachRequest, ErrorBody,
-    GrowVolumeRequest, ReplicaResponse, SyncResponse, VolumeResponse,
+    AddReplicaRequest, AttachRequest, AttachResponse, CreateVolumeRequest, DetachRequest,
+    ErrorBody, FencedPrimaryResponse, GrowVolumeRequest, ReplicaResponse, SyncResponse,
+    VolumeResponse,
 };
 use super::{blocking, validate, ApiError, ApiJson, ApiState};
-use crate::cluster::auth;
+use crate::cluster::internal::LastHeard;
+use crate::cluster::{auth, ClusterError, OFFLINE_AFTER};
 use crate::NodeError;
 
 /// How long a request waits for the replicas' nodes to act on a change.
@@ -141,6 +143,21 @@ pub(super) fn node_named(state: &ClusterState, name: &str) -> Result<NodeId, Api
 }
 
 impl ApiState {
+    /// Where `node` serves volume `name` over NBD (TCP).
+    fn nbd_url_on(&self, node: NodeId, name: &VolumeName) -> Option<String> {
+        let address = if node == self.cluster.node_id() {
+            self.addresses.nbd_url_base.clone()
+        } else {
+            self.cluster
+                .state
+                .read()
+                .nodes
+                .get(&node)
+                .and_then(|node| node.nbd_address.clone())
+        };
+        address.map(|address| format!("nbd://{address}/{name}"))
+    }
+
     pub(super) async fn volume_response(&self, record: &VolumeRecord) -> VolumeResponse {
         let me = self.cluster.node_id();
         let now_ms = auth::now_ms();
@@ -511,14 +528,14 @@ async fn answer_volume(
     params(("name" = String, Path, description = "Volume name")),
     request_body = AttachRequest,
     responses(
-        (status = 200, description = "Attached: the node is a primary (it already was, or became one; with no other primary the generation moved forward)", body = VolumeResponse),
+        (status = 200, description = "Attached: the node is a primary (it already was, or became one; with no other primary the generation moved forward). A primary on a node that is not online, or any with force_takeover, was taken over and fenced (listed in `fenced`)", body = AttachResponse),
         (status = 404, description = "No such volume or node", body = ErrorBody),
-        (status = 409, description = "Attached elsewhere (the message names the primary), node not online, volume being deleted, or no replica up to date", body = ErrorBody)))]
+        (status = 409, description = "Attached on a node still counted online (the message says when it was last heard from and when it would be marked offline), node not online, volume being deleted, or no replica up to date", body = ErrorBody)))]
 pub async fn attach_volume(
     State(state): State<ApiState>,
     Path(name): Path<String>,
     ApiJson(request): ApiJson<AttachRequest>,
-) -> Result<Json<VolumeResponse>, ApiError> {
+) -> Result<Json<AttachResponse>, ApiError> {
     let name = validate::volume_name(&name)?;
     let node = {
         let cluster_state = state.cluster.state.read();
@@ -527,16 +544,94 @@ pub async fn attach_volume(
         }
         node_named(&cluster_state, &request.node)?
     };
-    state
+    let reply = state
         .cluster
         .write(Command::AttachVolume {
             name: name.clone(),
             node,
             allow_two_primaries: request.allow_two_primaries,
+            force_takeover: request.force_takeover,
             now_ms: auth::now_ms(),
         })
-        .await?;
-    answer_volume(&state, &name).await
+        .await;
+    let fenced = match reply {
+        Ok(Reply::Attached { fenced, .. }) => fenced,
+        Ok(_) => Vec::new(),
+        Err(ClusterError::Refused(CommandError::AlreadyAttached { name, primary })) => {
+            return Err(still_online(&state, name, primary).await)
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let record = state.volume_record(&name)?;
+    let mut volume = state.volume_response(&record).await;
+    // The node just attached serves it, whichever node answers.
+    volume.nbd_url = state.nbd_url_on(node, &record.name).or(volume.nbd_url);
+    let cluster_state = state.cluster.state.read();
+    let fenced = fenced
+        .iter()
+        .map(|primary| FencedPrimaryResponse {
+            node: cluster_state.node_name(primary.node),
+            state: primary.state.as_str().to_string(),
+        })
+        .collect();
+    Ok(Json(AttachResponse { volume, fenced }))
+}
+
+/// The refusal of an attach where the only primary's node is still counted
+/// online, with when the leader last heard from it: a node heard from a
+/// moment ago is alive (a migration wants --allow-two-primaries); one
+/// silent for seconds is probably dead and will be marked offline soon.
+async fn still_online(state: &ApiState, name: String, primary: String) -> ApiError {
+    let heard = match NodeName::new(primary.as_str()) {
+        Ok(node_name) => {
+            let node = state
+                .cluster
+                .state
+                .read()
+                .node_by_name(&node_name)
+                .map(|node| node.id);
+            match node {
+                Some(node) => state.cluster.last_heard(node).await,
+                None => None,
+            }
+        }
+        Err(_) => None,
+    };
+    let offline_after = OFFLINE_AFTER.as_secs_f64();
+    let soon = |left: f64| {
+        if left < 0.1 {
+            "any moment now if it is down".to_string()
+        } else {
+            format!("in about {left:.1} s if it is down")
+        }
+    };
+    let when = match heard {
+        Some(LastHeard::Ago { millis }) => {
+            let ago = millis as f64 / 1000.0;
+            format!(
+                "the leader last heard from it {ago:.1} s ago and marks a node offline after {offline_after:.0} s without a heartbeat ({})",
+                soon(offline_after - ago)
+            )
+        }
+        Some(LastHeard::NotSince { millis }) => {
+            let ago = millis as f64 / 1000.0;
+            format!(
+                "the leader, elected {ago:.1} s ago, has not heard from it yet and marks it offline after {offline_after:.0} s of silence ({})",
+                soon(offline_after - ago)
+            )
+        }
+        Some(LastHeard::NotLeader) | None => {
+            format!("a node is marked offline {offline_after:.0} s after its last heartbeat")
+        }
+    };
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "already_attached",
+        format!(
+            "volume '{name}' is attached on node '{primary}', which the cluster still counts as online: {when}. {}",
+            takeover_advice(&name, &primary)
+        ),
+    )
 }
 
 #[utoipa::path(post, path = "/api/v1/volumes/{name}/detach", tag = "volumes",

@@ -23,6 +23,8 @@ pub const PATH_SNAPSHOT: &str = "/internal/v1/raft/snapshot";
 pub const PATH_WRITE: &str = "/internal/v1/write";
 pub const PATH_JOIN: &str = "/internal/v1/join";
 pub const PATH_HEARTBEAT: &str = "/internal/v1/heartbeat";
+/// The leader's view of one node's heartbeats ([`LastHeard`]).
+pub const PATH_LAST_HEARD: &str = "/internal/v1/last-heard";
 /// How long the leader tries to commit a forwarded write; below the peer
 /// request timeout, so the forwarding node hears the answer.
 const FORWARDED_COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
@@ -72,6 +74,19 @@ pub struct Heartbeat {
     pub node: NodeId,
 }
 
+/// What the leader knows of a node's heartbeats, for messages that tell
+/// an admin how soon a silent node will be marked offline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LastHeard {
+    /// The leader's last heartbeat from it was this long ago.
+    Ago { millis: u64 },
+    /// Not heard since this leader started to watch it, this long ago (a
+    /// new leader, or a node that just joined).
+    NotSince { millis: u64 },
+    /// The answering node is not the leader.
+    NotLeader,
+}
+
 pub fn router(cluster: Arc<Cluster>) -> Router {
     Router::new()
         .route(PATH_APPEND, post(append))
@@ -79,6 +94,7 @@ pub fn router(cluster: Arc<Cluster>) -> Router {
         .route(PATH_SNAPSHOT, post(snapshot))
         .route(PATH_WRITE, post(write))
         .route(PATH_HEARTBEAT, post(heartbeat))
+        .route(PATH_LAST_HEARD, post(last_heard))
         .route(PATH_JOIN, post(join))
         .layer(DefaultBodyLimit::max(INTERNAL_BODY_LIMIT))
         .with_state(cluster)
@@ -222,6 +238,15 @@ async fn heartbeat(
     }
     cluster.liveness.seen(sender);
     Ok(Json(cluster.is_leader()))
+}
+
+async fn last_heard(
+    State(cluster): State<Arc<Cluster>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<LastHeard>, ApiError> {
+    let (_, asked): (_, Heartbeat) = verified(&cluster, &headers, PATH_LAST_HEARD, &body)?;
+    Ok(Json(cluster.last_heard_here(asked.node)))
 }
 
 fn join_refused(message: impl Into<String>) -> ApiError {

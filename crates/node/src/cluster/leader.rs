@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use trireme_control::{Command, NodeState};
 use trireme_types::NodeId;
 
-use super::internal::{Heartbeat, PATH_HEARTBEAT};
+use super::internal::{Heartbeat, LastHeard, PATH_HEARTBEAT};
 use super::{auth, Cluster, HEARTBEAT_INTERVAL, OFFLINE_AFTER};
 
 /// The most voters the control plane uses.
@@ -70,6 +70,21 @@ impl Liveness {
             Heard::NotYet
         } else {
             Heard::Silent
+        }
+    }
+
+    /// When `node` was last heard from, as of `now` (this leader's view).
+    pub fn last_heard(&self, node: NodeId, now: Instant) -> LastHeard {
+        let mut beats = self.lock();
+        let millis = |at: Instant| now.saturating_duration_since(at).as_millis() as u64;
+        if let Some(at) = beats.heard.get(&node) {
+            return LastHeard::Ago {
+                millis: millis(*at),
+            };
+        }
+        let watched = *beats.watched_since.entry(node).or_insert(now);
+        LastHeard::NotSince {
+            millis: millis(watched),
         }
     }
 

@@ -229,6 +229,43 @@ impl Cluster {
 
     /// Waits until this node's copy of the state satisfies `done`, or
     /// `timeout` passes; returns whether it did.
+    /// This node's answer to [`internal::PATH_LAST_HEARD`]: only a leader
+    /// hears heartbeats.
+    pub fn last_heard_here(&self, node: NodeId) -> internal::LastHeard {
+        if !self.is_leader() {
+            return internal::LastHeard::NotLeader;
+        }
+        if node == self.node_id() {
+            return internal::LastHeard::Ago { millis: 0 };
+        }
+        self.liveness.last_heard(node, Instant::now())
+    }
+
+    /// When the leader last heard from `node`, asked of the leader
+    /// wherever it is; `None` when there is no leader or it did not answer.
+    pub async fn last_heard(&self, node: NodeId) -> Option<internal::LastHeard> {
+        let leader = self.leader()?;
+        let answer = if leader == self.node_id() {
+            self.last_heard_here(node)
+        } else {
+            let address = self
+                .state
+                .read()
+                .membership()
+                .get_node(&leader.0)
+                .map(|member| member.addr.clone())?;
+            self.peers
+                .post(
+                    &address,
+                    internal::PATH_LAST_HEARD,
+                    &internal::Heartbeat { node },
+                )
+                .await
+                .ok()?
+        };
+        (answer != internal::LastHeard::NotLeader).then_some(answer)
+    }
+
     pub async fn wait_for_state(
         &self,
         timeout: Duration,
