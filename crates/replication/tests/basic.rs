@@ -13,6 +13,11 @@ struct Replica {
     up: bool,
     /// Blocks that fail their checksum on this replica until rewritten.
     bad_blocks: BTreeSet<u64>,
+    /// Its pool is full: data writes fail with ENOSPC.
+    full: bool,
+    /// 4 KiB blocks of zeros it was sent as data (a resync that inflates
+    /// a thin copy).
+    zero_blocks_written: u64,
 }
 
 /// A block's fingerprint as a store would give it (any hash of the bytes
@@ -31,6 +36,8 @@ struct World {
     done: BTreeMap<OpId, Result<Completion, ClientError>>,
     outbox: VecDeque<(NodeId, FromReplica)>,
     now: u64,
+    /// Every proposal the engine made, but progress reports.
+    proposed: Vec<Proposal>,
 }
 
 fn view(in_sync: &[u64]) -> View {
@@ -45,6 +52,11 @@ fn view(in_sync: &[u64]) -> View {
 
 impl World {
     fn new(in_sync: &[u64]) -> World {
+        World::with_down(in_sync, &[])
+    }
+
+    /// `down`: replicas unreachable from the start.
+    fn with_down(in_sync: &[u64], down: &[u64]) -> World {
         let config = Config {
             me: NodeId(1),
             size_bytes: SIZE,
@@ -62,8 +74,10 @@ impl World {
                         Replica {
                             side: ReplicaSide::new(Generation(1), None, true),
                             data: vec![0; SIZE as usize],
-                            up: true,
+                            up: !down.contains(&n),
                             bad_blocks: BTreeSet::new(),
+                            full: false,
+                            zero_blocks_written: 0,
                         },
                     )
                 })
@@ -71,6 +85,7 @@ impl World {
             done: BTreeMap::new(),
             outbox: VecDeque::new(),
             now: 0,
+            proposed: Vec::new(),
         };
         world.run();
         world
@@ -126,7 +141,23 @@ impl World {
                         ..
                     } => {
                         replica.side.admit(to.0, &message, now).unwrap();
+                        if replica.full && matches!(payload, Payload::Data(_)) {
+                            self.outbox.push_back((
+                                to,
+                                FromReplica::Ack {
+                                    seq: *seq,
+                                    result: Err(ReplicaError::NoSpace("pool 'p' is full".into())),
+                                },
+                            ));
+                            return;
+                        }
                         let range = *offset as usize..(*offset + payload.length()) as usize;
+                        if let Payload::Data(data) = payload {
+                            replica.zero_blocks_written +=
+                                data.chunks(4096)
+                                    .filter(|block| block.iter().all(|&byte| byte == 0))
+                                    .count() as u64;
+                        }
                         for block in range.start / 4096..range.end / 4096 {
                             replica.bad_blocks.remove(&(block as u64));
                         }
@@ -189,6 +220,7 @@ impl World {
             }
             Action::Propose { id, proposal } => {
                 if !matches!(proposal, Proposal::Progress { .. }) {
+                    self.proposed.push(proposal.clone());
                     self.primary
                         .proposal_result(id, ProposalResult::Committed, self.now);
                 }
@@ -276,6 +308,44 @@ fn a_new_replica_gets_a_full_sync() {
     }
     assert_eq!(world.replicas[&NodeId(3)].data[0], 5);
     assert_eq!(world.primary.counters.resynced_bytes, SIZE);
+}
+
+/// Issue 19, item 6: when every replica's pool is full, the write fails
+/// with ENOSPC and nobody is outdated; when one replica alone is full, it
+/// is the faulty one.
+#[test]
+fn enospc_from_every_replica_is_an_answer_not_a_fault() {
+    let mut world = World::new(&[1, 2, 3]);
+    for replica in world.replicas.values_mut() {
+        replica.full = true;
+    }
+    world.write(1, 0, 1);
+    assert!(
+        matches!(world.done[&1], Err(ClientError::NoSpace(_))),
+        "{:?}",
+        world.done[&1]
+    );
+    assert!(world.proposed.is_empty(), "{:?}", world.proposed);
+    let states = world.primary.member_states();
+    assert!(
+        states.iter().all(|(_, state, _)| state == "up-to-date"),
+        "{states:?}"
+    );
+    // Room again: writes go on, on every replica.
+    for replica in world.replicas.values_mut() {
+        replica.full = false;
+    }
+    world.write(2, 0, 2);
+    assert_eq!(world.done[&2], Ok(Completion::Done));
+
+    // Only n2 is full: the others applied the write, so n2 is outdated.
+    world.replicas.get_mut(&NodeId(2)).unwrap().full = true;
+    world.write(3, 4096, 3);
+    assert_eq!(world.done[&3], Ok(Completion::Done));
+    assert_eq!(
+        world.proposed,
+        vec![Proposal::MarkOutdated { node: NodeId(2) }]
+    );
 }
 
 #[test]

@@ -28,7 +28,10 @@
 //!   ordering does). Faults: slow periods, stalls longer than the engine's
 //!   ack timeout, I/O error periods, bit flips of durable blocks (reads of
 //!   such a block fail with `ReplicaError::Checksum` until it is rewritten),
-//!   and at a crash, lost unflushed writes and torn in-flight writes (a
+//!   full pools (every replica's at once: the data of writes issued then
+//!   fits nowhere, so every replica answers them `NoSpace`; or one
+//!   replica's for a while, which fails every data write there), and at a
+//!   crash, lost unflushed writes and torn in-flight writes (a
 //!   random part of their blocks reached the platter).
 //! - **Links**: one FIFO, reliable channel per (engine, member) and
 //!   connection, with seeded latencies; different links reorder freely. A
@@ -102,6 +105,11 @@
 //! 5. **In-sync replicas hold every acknowledged write**: when the current
 //!    engine acknowledges a write, every replica in the arbiter's in-sync
 //!    set that has not crashed since the write was issued holds it.
+//!
+//! 6. **A full pool is an answer, not a fault**: in a run whose only faults
+//!    are pools full on every replica at once
+//!    ([`ReplicationSimConfig::only_full_pools`]), no replica is ever
+//!    outdated and no write fails with EIO (the client gets ENOSPC).
 //!
 //! Besides, the current engine must never stop except when detached, the
 //! engine's own assertions must hold (a panic fails the seed), and the
@@ -181,6 +189,12 @@ pub struct ReplicationSimConfig {
     pub stall: f64,
     pub io_error: f64,
     pub bit_flip: f64,
+    /// Per step: every replica's pool is full for a while (writes issued
+    /// meanwhile fit nowhere: every replica answers `NoSpace`).
+    pub pools_full: f64,
+    /// Per step: one replica's pool is full for a while (it fails every
+    /// data write; the others apply them).
+    pub pool_full: f64,
     /// A forced move of the primary elsewhere while the old one runs.
     pub failover: f64,
     /// A clean detach, then an attach elsewhere.
@@ -232,6 +246,8 @@ impl Default for ReplicationSimConfig {
             stall: 0.0006,
             io_error: 0.001,
             bit_flip: 0.003,
+            pools_full: 0.0,
+            pool_full: 0.0,
             failover: 0.0008,
             detach: 0.0006,
             verify: 0.0008,
@@ -271,6 +287,13 @@ impl ReplicationSimConfig {
         let size_bytes = (4 << 20) + rng.gen_range(0..=8u64) * (256 << 10)
             - if rng.gen_bool(0.2) { 12 << 10 } else { 0 };
         let intensity = [0.5, 1.0, 1.0, 2.0][rng.gen_range(0..4)];
+        // Drawn apart, so the rest of the mix of older seeds stays as it was.
+        let mut pools = StdRng::seed_from_u64(seed ^ 0x706f_6f6c_2066_756c);
+        let (pools_full, pool_full) = if pools.gen_bool(0.3) {
+            (0.001 * intensity, 0.0008 * intensity)
+        } else {
+            (0.0, 0.0)
+        };
         let base = ReplicationSimConfig::default();
         ReplicationSimConfig {
             diskful,
@@ -297,6 +320,8 @@ impl ReplicationSimConfig {
             stall: base.stall * intensity,
             io_error: base.io_error * intensity,
             bit_flip: base.bit_flip * intensity,
+            pools_full,
+            pool_full,
             failover: base.failover * intensity,
             detach: base.detach * intensity,
             verify: base.verify * intensity,
@@ -330,6 +355,8 @@ impl ReplicationSimConfig {
             self.stall,
             self.io_error,
             self.bit_flip,
+            self.pools_full,
+            self.pool_full,
             self.failover,
             self.detach,
             self.verify,
@@ -344,6 +371,29 @@ impl ReplicationSimConfig {
             return Err("every probability must be within 0 to 1".into());
         }
         Ok(())
+    }
+
+    /// The only faults are pools full on every replica at once: then
+    /// nobody may be outdated and no write may fail with EIO.
+    pub fn only_full_pools(&self) -> bool {
+        let others = [
+            self.crash,
+            self.partition,
+            self.control_partition,
+            self.link_drop,
+            self.slow_disk,
+            self.stall,
+            self.io_error,
+            self.bit_flip,
+            self.pool_full,
+            self.failover,
+            self.detach,
+            self.drop_writes,
+        ];
+        self.pools_full > 0.0
+            && others.iter().all(|p| *p == 0.0)
+            && self.initial_in_sync == self.diskful
+            && !self.ignore_fencing
     }
 }
 
@@ -388,6 +438,11 @@ pub struct ReplicationSimReport {
     pub snapshots_taken: u64,
     pub snapshots_failed: u64,
     pub io_faults: u64,
+    /// Times every replica's pool filled, and one replica's did.
+    pub pools_full: u64,
+    pub pool_full: u64,
+    /// Writes that failed with ENOSPC.
+    pub writes_no_space: u64,
     pub stalls: u64,
     pub fenced_engines: u64,
     pub outdated: u64,
@@ -622,6 +677,8 @@ struct Disk {
     slow_until: Time,
     stall_until: Time,
     io_until: Time,
+    /// This pool is full: every data write fails with `NoSpace`.
+    full_until: Time,
 }
 
 impl Disk {
@@ -635,6 +692,7 @@ impl Disk {
             slow_until: 0,
             stall_until: 0,
             io_until: 0,
+            full_until: 0,
         }
     }
 
@@ -972,6 +1030,10 @@ struct Sim {
     control_cut: BTreeSet<NodeId>,
     control_heal_at: Time,
     failover_at: Option<Time>,
+    /// Every replica's pool is full until then.
+    pools_full_until: Time,
+    /// Tags of writes issued while every pool was full: they fit nowhere.
+    no_room: BTreeSet<u64>,
     events: VecDeque<String>,
     report: ReplicationSimReport,
     violation: Option<String>,
@@ -1070,6 +1132,8 @@ impl Sim {
             control_cut: BTreeSet::new(),
             control_heal_at: 0,
             failover_at: None,
+            pools_full_until: 0,
+            no_room: BTreeSet::new(),
             events: VecDeque::new(),
             report,
             violation: None,
@@ -1489,6 +1553,27 @@ impl Sim {
                 .unwrap()
                 .io_until = until;
         }
+        if self.now >= self.pools_full_until && self.chance(self.cfg.pools_full) {
+            self.pools_full_until = self.now + self.rng.gen_range(50..=3_000);
+            self.report.pools_full += 1;
+            self.log(format!(
+                "fault: every replica's pool is full until {}",
+                self.pools_full_until
+            ));
+        }
+        if self.chance(self.cfg.pool_full) {
+            let node = *diskful.choose(&mut self.rng).expect("diskful");
+            let until = self.now + self.rng.gen_range(50..=3_000);
+            self.report.pool_full += 1;
+            self.log(format!("fault: node {node}'s pool is full until {until}"));
+            self.nodes
+                .get_mut(&node)
+                .unwrap()
+                .disk
+                .as_mut()
+                .unwrap()
+                .full_until = until;
+        }
         if self.chance(self.cfg.bit_flip) {
             let node = *diskful.choose(&mut self.rng).expect("diskful");
             let block = self.rng.gen_range(0..self.blocks);
@@ -1858,6 +1943,10 @@ impl Sim {
         } else {
             (0..count).map(|i| tag_for(id, i)).collect()
         };
+        if !zero && self.now < self.pools_full_until {
+            // Whatever each replica holds, this one fits on none of them.
+            self.no_room.extend(tags.iter().copied());
+        }
         let payload = if zero {
             Payload::Zeroes {
                 length: count * BLOCK,
@@ -2010,8 +2099,10 @@ impl Sim {
                 disk.slow_until = 0;
                 disk.stall_until = 0;
                 disk.io_until = 0;
+                disk.full_until = 0;
             }
         }
+        self.pools_full_until = 0;
     }
 
     /// Why the volume has not converged yet, if it has not.
@@ -2744,8 +2835,13 @@ impl Sim {
                     let lie = self.cfg.drop_writes > 0.0 && self.rng.gen_bool(self.cfg.drop_writes);
                     let n = self.nodes.get_mut(&node).expect("a node");
                     let disk = n.disk.as_mut().expect("diskful");
+                    let data = tags.iter().any(|&tag| tag != 0);
+                    let full = (data && now < disk.full_until)
+                        || tags.iter().any(|tag| self.no_room.contains(tag));
                     let result = if io {
                         Err(ReplicaError::Io("simulated device error".into()))
+                    } else if full {
+                        Err(ReplicaError::NoSpace("simulated full pool".into()))
                     } else if lie {
                         Ok(())
                     } else {
@@ -3195,6 +3291,11 @@ impl Sim {
         };
         if removed {
             self.report.outdated += 1;
+            if self.phase == Phase::Run && self.cfg.only_full_pools() {
+                self.violate(format!(
+                    "{proposal:?} committed, yet the only faults were pools full on every replica: ENOSPC is an answer, not a replica fault"
+                ));
+            }
         }
         if changed && matches!(proposal, Proposal::MarkInSync { .. }) {
             self.report.joined += 1;
@@ -3302,6 +3403,17 @@ impl Sim {
                     Ok(other) => self.violate(format!("write op{id} completed with {other:?}")),
                     Err(error) => {
                         self.report.writes_failed += 1;
+                        if matches!(error, ClientError::NoSpace(_)) {
+                            self.report.writes_no_space += 1;
+                        }
+                        if self.phase == Phase::Run
+                            && self.cfg.only_full_pools()
+                            && matches!(error, ClientError::Io(_))
+                        {
+                            self.violate(format!(
+                                "write op{id} failed with {error:?} where the only faults were full pools: the client must get ENOSPC"
+                            ));
+                        }
                         self.log(format!("client: op{id} failed: {error:?}"));
                         let end = self.tick_lc();
                         if let OpKind::Write { first, tags, .. } = &op.kind {

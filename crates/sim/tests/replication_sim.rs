@@ -271,3 +271,42 @@ fn frequent_verifies_under_heavy_corruption_keep_every_write() {
     );
     assert!(rewritten > runs, "too few blocks rewritten: {rewritten}");
 }
+
+#[test]
+fn pools_full_everywhere_outdate_nobody() {
+    // Issue 19, item 6: when every replica's pool is full, each answers
+    // ENOSPC; that is the write's answer, not a replica fault. The run
+    // fails if a replica is outdated or a write gets EIO.
+    let runs = 24;
+    let mut no_space = 0;
+    for seed in 2_000..2_000 + runs {
+        let base = ReplicationSimConfig::for_seed(seed);
+        let config = ReplicationSimConfig {
+            crash: 0.0,
+            partition: 0.0,
+            control_partition: 0.0,
+            link_drop: 0.0,
+            slow_disk: 0.0,
+            stall: 0.0,
+            io_error: 0.0,
+            bit_flip: 0.0,
+            failover: 0.0,
+            detach: 0.0,
+            pool_full: 0.0,
+            pools_full: 0.01,
+            initial_in_sync: base.diskful,
+            steps: 1_000,
+            ..base
+        };
+        assert!(config.only_full_pools());
+        let report = run_replication_sim(seed, config).unwrap_or_else(|error| {
+            panic!("{error}\nReplay it with the config of this test and seed {seed}")
+        });
+        no_space += report.writes_no_space;
+    }
+    eprintln!("{runs} runs: {no_space} writes answered ENOSPC");
+    assert!(
+        no_space > runs,
+        "too few writes met a full pool: {no_space}"
+    );
+}

@@ -83,12 +83,17 @@ impl Primary {
                     // reconciliation) comes from a source that holds it: a
                     // member that cannot apply it differs from the source.
                     let copied = matches!(write.purpose, Purpose::Internal | Purpose::Repair);
-                    let others_have_it = copied
-                        || !write.acked.is_empty()
-                        || write
+                    // A full pool is an answer, not a fault, when every
+                    // member gives it: judge it only once someone applied
+                    // the write (the acknowledgement then resets the full
+                    // ones), never while the others may still say the
+                    // same.
+                    let still_answering = !matches!(error, ReplicaError::NoSpace(_))
+                        && write
                             .needed
                             .iter()
                             .any(|n| *n != from && !write.errors.iter().any(|(e, _)| e == n));
+                    let others_have_it = copied || !write.acked.is_empty() || still_answering;
                     // A member that could not apply what the others did is
                     // out of date; if none could, the request fails as a
                     // whole and they all stay alike.
@@ -622,9 +627,15 @@ impl Primary {
                 self.copy_again(write.range);
             }
             let result = if write.acked.is_empty() && !write.errors.is_empty() {
-                Err(match &write.errors[0].1 {
-                    ReplicaError::NoSpace(message) => ClientError::NoSpace(message.clone()),
-                    other => ClientError::Io(other.to_string()),
+                // ENOSPC only when every member that answered was full: a
+                // device error anywhere is the client's EIO.
+                let device_error = write
+                    .errors
+                    .iter()
+                    .find(|(_, error)| !matches!(error, ReplicaError::NoSpace(_)));
+                Err(match (device_error, &write.errors[0].1) {
+                    (None, ReplicaError::NoSpace(message)) => ClientError::NoSpace(message.clone()),
+                    (Some((_, other)), _) | (None, other) => ClientError::Io(other.to_string()),
                 })
             } else {
                 Ok(())
