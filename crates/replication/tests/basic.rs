@@ -289,7 +289,8 @@ fn a_lost_replica_is_outdated_and_resynced_with_its_dirty_regions_only() {
         world.run();
     }
     assert_eq!(world.replicas[&NodeId(3)].data[3 << 20], 9);
-    assert_eq!(world.primary.counters.resynced_bytes, REGION_BYTES);
+    // One region, and of it only the block that holds data.
+    assert_eq!(world.primary.counters.resynced_bytes, 4096);
     let states = world.primary.member_states();
     assert!(
         states.iter().all(|(_, state, _)| state == "up-to-date"),
@@ -307,7 +308,94 @@ fn a_new_replica_gets_a_full_sync() {
         world.run();
     }
     assert_eq!(world.replicas[&NodeId(3)].data[0], 5);
-    assert_eq!(world.primary.counters.resynced_bytes, SIZE);
+    // It joined before the write, when nothing was written: a thin volume
+    // copies only what was written, here nothing (holes go as trims).
+    assert_eq!(world.primary.counters.resynced_bytes, 0);
+}
+
+/// Issue 19, item 7: a resync copies data as data and the rest as holes:
+/// nothing is written as zeros, and what the target held where the source
+/// has nothing is trimmed.
+#[test]
+fn a_resync_keeps_holes_as_holes() {
+    let mut world = World::with_down(&[1, 2], &[3]);
+    // Scattered 4 KiB writes: a region with one block of data, one with
+    // data every other block (finer than the piece limit), one with two
+    // runs.
+    world.write(1, 4096, 1);
+    for block in 0..256u64 {
+        if block % 2 == 0 {
+            world.write(10 + block, (2 << 20) + block * 4096, 2);
+        }
+    }
+    world.write(300, 5 << 20, 3);
+    world.write(301, (5 << 20) + 8 * 4096, 3);
+    // What the returning replica held before: stale data everywhere.
+    world.replicas.get_mut(&NodeId(3)).unwrap().data.fill(0xee);
+    world.replicas.get_mut(&NodeId(3)).unwrap().up = true;
+    world.primary.link_up(NodeId(3), 0);
+    world.run();
+    for _ in 0..10 {
+        world.now += 100;
+        world.primary.tick(world.now);
+        world.run();
+    }
+    let states = world.primary.member_states();
+    assert!(
+        states.iter().all(|(_, state, _)| state == "up-to-date"),
+        "{states:?}"
+    );
+    assert!(
+        world.replicas[&NodeId(3)].data == world.replicas[&NodeId(1)].data,
+        "the resynced copy differs from its source"
+    );
+    // Every-other-block data goes in chunk-sized pieces (bounded message
+    // count); everything else moves exactly its data blocks.
+    let data_blocks = 1 + 128 + 2;
+    let region_in_chunks = 256 * 4096;
+    assert_eq!(
+        world.primary.counters.resynced_bytes,
+        (1 + 2) * 4096 + region_in_chunks,
+        "{data_blocks} blocks of data, one region of them in whole chunks"
+    );
+    assert_eq!(
+        world.replicas[&NodeId(3)].zero_blocks_written,
+        128,
+        "only the zero blocks inside chunks that hold data may go as data"
+    );
+}
+
+/// Issue 19, item 16: resync progress counts the regions that hold data,
+/// not the volume's size.
+#[test]
+fn resync_progress_counts_the_regions_with_data() {
+    let mut world = World::with_down(&[1, 2], &[3]);
+    world.primary.set_data_regions(RegionSet::new());
+    world.write(1, 0, 1);
+    world.write(2, 5 << 20, 2);
+    world.replicas.get_mut(&NodeId(3)).unwrap().up = true;
+    world.primary.link_up(NodeId(3), 0);
+    // The hello and its welcome only: the copies are on their way.
+    for action in world.primary.take_actions() {
+        world.act(action);
+    }
+    while let Some((from, message)) = world.outbox.pop_front() {
+        world.primary.message(from, message, world.now);
+    }
+    let states = world.primary.member_states();
+    let progress = states
+        .iter()
+        .find(|(node, _, _)| *node == NodeId(3))
+        .and_then(|(_, _, progress)| progress.clone())
+        .expect("n3 is syncing");
+    assert_eq!(progress.done_bytes, 0);
+    assert_eq!(
+        progress.total_bytes,
+        2 * REGION_BYTES,
+        "two regions hold data in a volume of {SIZE} bytes"
+    );
+    world.run();
+    assert!(world.replicas[&NodeId(3)].data == world.replicas[&NodeId(1)].data);
 }
 
 /// Issue 19, item 6: when every replica's pool is full, the write fails

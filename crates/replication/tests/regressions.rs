@@ -634,7 +634,10 @@ fn a_member_that_restarted_copies_everything() {
     assert!(world.engine.is_serving());
     assert!(world.view.in_sync.contains(&NodeId(3)), "joined again");
     assert_eq!(world.byte(3, 3 << 20), 5, "it copied what it lost");
-    assert_eq!(world.engine.counters.resynced_bytes, SIZE);
+    assert_eq!(
+        world.engine.counters.resynced_regions,
+        SIZE.div_ceil(REGION_BYTES)
+    );
 }
 
 /// A replica that restarted stays "not intact" until a primary writes to it:
@@ -730,7 +733,11 @@ fn a_dirty_map_from_before_another_primary_is_not_trusted() {
     let mut world = World::with_replicas(view(6, &[1, 2]), maps, replicas_at(4));
     world.tick(3_000);
     assert_eq!(world.state(3), "up-to-date");
-    assert_eq!(world.engine.counters.resynced_bytes, SIZE, "a full sync");
+    assert_eq!(
+        world.engine.counters.resynced_regions,
+        SIZE.div_ceil(REGION_BYTES),
+        "a full sync"
+    );
 }
 
 /// `MarkOutdated` committed but its answer was lost; the view told the engine,

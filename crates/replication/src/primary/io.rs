@@ -28,32 +28,17 @@ impl Primary {
                 member.tracked = true;
             }
         }
-        let mut resync_region = None;
+        let mut resync_piece = None;
         let mut joined = false;
         match &mut member.sync {
-            Sync::Resyncing { writes, done, .. } => {
-                if let Some(region) = writes.remove(&seq) {
-                    *done += region_range(region, self.size_bytes).1;
-                    resync_region = Some(region);
-                }
-            }
+            Sync::Resyncing { writes, .. } => resync_piece = writes.remove(&seq),
             Sync::Joining { flush } if *flush == Some(seq) && result.is_ok() => {
                 joined = true;
             }
             _ => {}
         }
-        if let Some(region) = resync_region {
-            match &result {
-                Ok(()) => self.counters.resynced_bytes += region_range(region, self.size_bytes).1,
-                Err(_) => {
-                    let member = self.members.get_mut(&from).expect("checked");
-                    if let Sync::Resyncing { backlog, .. } = &mut member.sync {
-                        backlog.add(region);
-                    }
-                    self.actions.push(Action::Reset { to: from });
-                    self.lose_link(from);
-                }
-            }
+        if let Some(piece) = resync_piece {
+            self.on_resync_ack(from, piece, result.is_ok());
             return;
         }
         if joined {
@@ -438,6 +423,9 @@ impl Primary {
             .insert(seq, (offset, payload.length(), now, bytes));
         member.unacked_bytes += bytes;
         member.unflushed.add_range(offset, payload.length());
+        if let (Some(regions), Payload::Data(_)) = (&mut self.data_regions, payload) {
+            regions.add_range(offset, payload.length());
+        }
         self.actions.push(Action::Send {
             to: node,
             message: ToReplica::Write {

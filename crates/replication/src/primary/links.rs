@@ -79,10 +79,8 @@ impl Primary {
                 member.map_since = Some(generation);
                 member.written_during_sync.clear();
                 let map = backlog.to_map(generation);
-                let total = backlog.len(self.size_bytes.div_ceil(REGION_BYTES)) * REGION_BYTES;
                 member.sync = Sync::Resyncing {
                     backlog,
-                    total,
                     done: 0,
                     writes: BTreeMap::new(),
                     reads: BTreeMap::new(),
@@ -347,8 +345,8 @@ impl Primary {
             } => {
                 let mut map = backlog.to_map(since);
                 map.regions.union_with(&member.written_during_sync);
-                for &region in writes.values() {
-                    map.regions.insert(region);
+                for piece in writes.values() {
+                    map.regions.insert(piece.region);
                 }
                 for &(region, _) in reads.values() {
                     map.regions.insert(region);
@@ -515,8 +513,8 @@ impl Primary {
             } => {
                 let mut backlog = std::mem::take(backlog);
                 backlog.add_set(&lost);
-                for region in writes.values() {
-                    backlog.add(*region);
+                for piece in writes.values() {
+                    backlog.add(piece.region);
                 }
                 for (_, (region, _)) in std::mem::take(reads) {
                     self.resync_locks.remove(&region);

@@ -174,6 +174,10 @@ pub struct Primary {
     /// Snapshots asked and not yet sent: while any waits, no new write
     /// starts, so that every replica gets it at the same write boundary.
     snapshots_wanted: VecDeque<SnapshotId>,
+    /// The regions that may hold data (what this node's copy held when
+    /// the engine started, and every region written since): resync
+    /// progress counts these, not the volume's size. `None`: unknown.
+    data_regions: Option<RegionSet>,
 }
 
 impl Primary {
@@ -247,6 +251,7 @@ impl Primary {
             verify: None,
             verify_report: None,
             snapshots_wanted: VecDeque::new(),
+            data_regions: None,
         };
         let nodes: Vec<NodeId> = primary.members.keys().copied().collect();
         for node in nodes {
@@ -254,6 +259,14 @@ impl Primary {
         }
         primary.check();
         primary
+    }
+
+    /// The regions of the volume that hold data, as this node's copy
+    /// knows them (its store's allocation): resync progress and its time
+    /// left count what is to be copied, not the volume's size. Only an
+    /// estimate: copies never depend on it.
+    pub fn set_data_regions(&mut self, regions: RegionSet) {
+        self.data_regions = Some(regions);
     }
 
     pub fn generation(&self) -> Generation {
@@ -288,14 +301,7 @@ impl Primary {
                     Sync::InSync if m.outdating.is_some() => ("outdating", None),
                     Sync::InSync => ("up-to-date", None),
                     Sync::Outdated { .. } => ("outdated", None),
-                    Sync::Resyncing { total, done, .. } => (
-                        "syncing",
-                        Some(SyncProgress {
-                            done_bytes: *done,
-                            total_bytes: *total,
-                            rate_bytes_per_sec: 0,
-                        }),
-                    ),
+                    Sync::Resyncing { .. } => ("syncing", Some(self.resync_progress(m, 0))),
                     Sync::Joining { .. } => ("joining", None),
                 };
                 (node, state.to_string(), progress)

@@ -1,7 +1,48 @@
 //! Resyncs: copying the regions an outdated member may lack from an
 //! up-to-date source, paced by the rate limit, with progress reports.
+//!
+//! A thin copy stays thin: a region that reads as a hole travels as one
+//! trim, and a region with data goes as its data pieces and trims for its
+//! zero blocks, so the target allocates no more than the source holds
+//! (and frees what it held there before). The rate limit and the progress
+//! count the data that moves, not the volume's size.
 
 use super::*;
+
+/// Pieces one region's copy may go as: runs of 4 KiB blocks, or when the
+/// data is scattered more finely, runs of [`COARSE_PIECE_BYTES`]. Bounds
+/// the messages a resync has on a link (`RESYNC_WINDOW` regions).
+const MAX_PIECES_PER_REGION: usize = 32;
+/// The coarser grain: the store's allocation unit (its chunk), so a zero
+/// piece of this size is space the target need not hold.
+const COARSE_PIECE_BYTES: u64 = 64 << 10;
+
+/// The pieces of a region's data, `(offset in the data, length, data?)`:
+/// maximal runs of zero and non-zero blocks of `grain` bytes.
+fn pieces(data: &[u8], grain: u64) -> Vec<(u64, u64, bool)> {
+    let mut out: Vec<(u64, u64, bool)> = Vec::new();
+    for (index, block) in data.chunks(grain as usize).enumerate() {
+        let has_data = block.iter().any(|&byte| byte != 0);
+        let at = index as u64 * grain;
+        match out.last_mut() {
+            Some((_, length, kind)) if *kind == has_data => *length += block.len() as u64,
+            _ => out.push((at, block.len() as u64, has_data)),
+        }
+    }
+    out
+}
+
+/// How a region's data is written to the target: its data runs, and its
+/// zero runs as trims (never written as zero data).
+fn sparse_pieces(data: &[u8]) -> Vec<(u64, u64, bool)> {
+    let fine = pieces(data, BLOCK_BYTES);
+    if fine.len() <= MAX_PIECES_PER_REGION {
+        return fine;
+    }
+    let coarse = pieces(data, COARSE_PIECE_BYTES);
+    debug_assert!(coarse.len() <= MAX_PIECES_PER_REGION);
+    coarse
+}
 
 impl Primary {
     /// A write failed, yet members that were not waited for (resyncing)
@@ -76,7 +117,8 @@ impl Primary {
                     });
                     break;
                 }
-                if writes.len() + reads.len() >= RESYNC_WINDOW {
+                let regions_writing: BTreeSet<u64> = writes.values().map(|p| p.region).collect();
+                if regions_writing.len() + reads.len() >= RESYNC_WINDOW {
                     break;
                 }
                 let locks = &self.resync_locks;
@@ -161,36 +203,150 @@ impl Primary {
                 self.repair(offset, length, data.clone(), bad);
             }
         }
-        let member = self.members.get_mut(&target).expect("listed");
-        let payload = match data {
-            ReadData::Data(bytes) => Payload::data(bytes),
-            ReadData::Zeroes => Payload::Zeroes { length, trim: true },
+        let writes: Vec<(u64, Payload, ResyncPiece)> = match data {
+            ReadData::Zeroes => vec![(
+                offset,
+                Payload::Zeroes { length, trim: true },
+                ResyncPiece {
+                    region,
+                    region_has_data: false,
+                    data_bytes: 0,
+                },
+            )],
+            ReadData::Data(bytes) => sparse_pieces(&bytes)
+                .into_iter()
+                .map(|(at, piece_length, has_data)| {
+                    let range = at as usize..(at + piece_length) as usize;
+                    let payload = if has_data {
+                        Payload::data(&bytes[range])
+                    } else {
+                        Payload::Zeroes {
+                            length: piece_length,
+                            trim: true,
+                        }
+                    };
+                    let piece = ResyncPiece {
+                        region,
+                        region_has_data: true,
+                        data_bytes: if has_data { piece_length } else { 0 },
+                    };
+                    (offset + at, payload, piece)
+                })
+                .collect(),
         };
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        if let Sync::Resyncing { writes, .. } = &mut member.sync {
-            writes.insert(seq, region);
+        // The rate limit was charged a whole region before the read; what
+        // did not move (holes) goes back, so a thin volume's holes do not
+        // slow its resync.
+        if self.resync_rate > 0 {
+            let moved: u64 = writes.iter().map(|(_, _, piece)| piece.data_bytes).sum();
+            let cap = (RESYNC_WINDOW as u64 * REGION_BYTES).max(self.resync_rate / 4) as f64;
+            self.resync_tokens =
+                (self.resync_tokens + REGION_BYTES.saturating_sub(moved) as f64).min(cap);
         }
-        self.send_write(target, seq, offset, &payload, false);
+        for (at, payload, piece) in writes {
+            let seq = self.id();
+            let member = self.members.get_mut(&target).expect("listed");
+            if let Sync::Resyncing { writes, .. } = &mut member.sync {
+                writes.insert(seq, piece);
+            }
+            self.send_write(target, seq, at, &payload, false);
+        }
+    }
+
+    /// A resync write was answered. A region is copied once all its
+    /// pieces are; a failed piece sends the region back to the backlog.
+    pub(super) fn on_resync_ack(&mut self, from: NodeId, piece: ResyncPiece, ok: bool) {
+        if !ok {
+            let member = self.members.get_mut(&from).expect("checked");
+            if let Sync::Resyncing { backlog, .. } = &mut member.sync {
+                backlog.add(piece.region);
+            }
+            self.actions.push(Action::Reset { to: from });
+            self.lose_link(from);
+            return;
+        }
+        self.counters.resynced_bytes += piece.data_bytes;
+        let region_bytes = region_range(piece.region, self.size_bytes).1;
+        let member = self.members.get_mut(&from).expect("checked");
+        if let Sync::Resyncing { writes, done, .. } = &mut member.sync {
+            let last = !writes.values().any(|p| p.region == piece.region);
+            if last {
+                self.counters.resynced_regions += 1;
+            }
+            if last && piece.region_has_data {
+                *done += region_bytes;
+            }
+        }
+    }
+
+    /// A resync's progress: the regions with data copied, of those copied
+    /// and still to copy. What is left counts the regions of the backlog
+    /// that may hold data (all of them when that is not known) and those
+    /// on their way.
+    pub(super) fn resync_progress(&self, member: &Member, rate_bytes_per_sec: u64) -> SyncProgress {
+        let Sync::Resyncing {
+            backlog,
+            done,
+            writes,
+            reads,
+        } = &member.sync
+        else {
+            return SyncProgress {
+                done_bytes: 0,
+                total_bytes: 0,
+                rate_bytes_per_sec,
+            };
+        };
+        let region_count = self.region_count();
+        let counts = |region: u64| {
+            region < region_count
+                && self
+                    .data_regions
+                    .as_ref()
+                    .is_none_or(|data| data.contains(region))
+        };
+        let in_backlog = match (&self.data_regions, backlog.sweep) {
+            (None, _) => backlog.len(region_count),
+            (Some(data), sweep) => data
+                .iter()
+                .filter(|&region| {
+                    region < region_count
+                        && (sweep.is_some_and(|sweep| region >= sweep)
+                            || backlog.set.contains(region))
+                })
+                .count() as u64,
+        };
+        let on_the_way: BTreeSet<u64> = reads
+            .values()
+            .map(|(region, _)| *region)
+            .filter(|&region| counts(region))
+            .chain(
+                writes
+                    .values()
+                    .filter(|piece| piece.region_has_data)
+                    .map(|piece| piece.region),
+            )
+            .collect();
+        SyncProgress {
+            done_bytes: *done,
+            total_bytes: done + (in_backlog + on_the_way.len() as u64) * REGION_BYTES,
+            rate_bytes_per_sec,
+        }
     }
 
     pub(super) fn report_progress(&mut self, now_ms: u64) {
         let elapsed = now_ms.saturating_sub(self.last_progress_ms).max(1);
         self.last_progress_ms = now_ms;
         let mut reports = Vec::new();
-        for (&node, member) in self.members.iter_mut() {
-            if let Sync::Resyncing { total, done, .. } = &member.sync {
+        for (&node, member) in &self.members {
+            if let Sync::Resyncing { done, .. } = &member.sync {
                 let moved = done.saturating_sub(member.progress_mark.1);
-                member.progress_mark = (now_ms, *done);
-                reports.push((
-                    node,
-                    SyncProgress {
-                        done_bytes: *done,
-                        total_bytes: *total,
-                        rate_bytes_per_sec: moved * 1000 / elapsed,
-                    },
-                ));
+                reports.push((node, self.resync_progress(member, moved * 1000 / elapsed)));
             }
+        }
+        for (node, progress) in &reports {
+            let member = self.members.get_mut(node).expect("listed");
+            member.progress_mark = (now_ms, progress.done_bytes);
         }
         for (node, progress) in reports {
             let id = self.id();

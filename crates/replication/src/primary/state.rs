@@ -94,10 +94,13 @@ pub(super) enum Sync {
     },
     Resyncing {
         backlog: Backlog,
-        total: u64,
+        /// Bytes of the regions holding data that are copied: progress
+        /// counts what is to be copied, not the volume's size.
         done: u64,
-        /// Resync writes on the link: seq → region.
-        writes: BTreeMap<u64, u64>,
+        /// Resync writes on the link: seq → the piece of a region it
+        /// carries (a region goes as a few writes: its data, and its
+        /// unwritten blocks as holes).
+        writes: BTreeMap<u64, ResyncPiece>,
         /// Source reads: read id → (region, source).
         reads: BTreeMap<u64, (u64, NodeId)>,
     },
@@ -106,6 +109,16 @@ pub(super) enum Sync {
     Joining {
         flush: Option<u64>,
     },
+}
+
+/// One write of a resync copy.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ResyncPiece {
+    pub(super) region: u64,
+    /// The region read as data at its source (not as a hole).
+    pub(super) region_has_data: bool,
+    /// The data bytes this write carries (0 for a hole).
+    pub(super) data_bytes: u64,
 }
 
 #[derive(Debug)]

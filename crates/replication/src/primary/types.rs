@@ -160,7 +160,10 @@ pub enum Action {
 pub struct Counters {
     pub repaired_blocks: u64,
     pub read_failovers: u64,
+    /// Data bytes resyncs copied (holes are not counted: they go as trims).
     pub resynced_bytes: u64,
+    /// Regions resyncs copied, holes or not.
+    pub resynced_regions: u64,
     pub writes_completed: u64,
 }
 

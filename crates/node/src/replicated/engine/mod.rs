@@ -32,11 +32,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use trireme_control::{QuorumPolicy, ReplicaKind, VolumeRecord};
+use trireme_replication::RegionSet;
 use trireme_replication::{
     ClientError, ClientRequest, Completion, Config, DirtyMap, FromReplica, NoQuorumPolicy, Primary,
     ProposalResult, VerifyReport, View,
 };
 use trireme_store::Volume;
+use trireme_types::BlockTarget;
 use trireme_types::{Generation, NodeId, SnapshotId, VolumeName};
 
 /// The replicas a snapshot was taken on, or why it was not.
@@ -269,6 +271,30 @@ pub(crate) fn view_of(record: &VolumeRecord) -> View {
     }
 }
 
+/// The regions of the local copy that hold data (its store's allocation):
+/// resync progress counts these instead of the volume's size. `None` if
+/// the store cannot say (progress then counts every region).
+fn data_regions(volume: &Volume) -> Option<RegionSet> {
+    let size_bytes = volume.size_bytes();
+    let mut regions = RegionSet::new();
+    let mut offset = 0;
+    while offset < size_bytes {
+        let extents = volume.block_status(offset, size_bytes - offset).ok()?;
+        let before = offset;
+        for extent in extents {
+            let length = extent.length_bytes.min(size_bytes - offset);
+            if !extent.hole {
+                regions.add_range(offset, length);
+            }
+            offset += length;
+        }
+        if offset == before {
+            return None;
+        }
+    }
+    Some(regions)
+}
+
 /// Starts the engine of an attached volume (on the node's runtime).
 pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::NodeError> {
     let me = start.cluster.node_id();
@@ -287,7 +313,10 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
     };
     let runtime = tokio::runtime::Handle::current();
     let clock = Clock::start();
-    let primary = Primary::new(config, clock.now_ms());
+    let mut primary = Primary::new(config, clock.now_ms());
+    if let Some(regions) = start.local.as_deref().and_then(data_regions) {
+        primary.set_data_regions(regions);
+    }
     let (stopped_inputs, receiver) = mpsc::unbounded_channel();
     let local_readable = Arc::new(AtomicBool::new(false));
     let lease_until = Arc::new(AtomicU64::new(0));
