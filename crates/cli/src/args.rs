@@ -539,7 +539,9 @@ pub enum VolumeCommand {
     /// With --wait it follows the running resyncs with a progress bar each
     /// (refreshed every 500 ms) and returns once every diskful replica is up
     /// to date, then shows the volume; --output json prints only the final
-    /// volume.
+    /// volume. It stops, saying why, when no resync can run for any replica
+    /// that is behind (its node is offline, or the volume is detached and
+    /// an up-to-date replica's node is).
     ///
     /// Examples:
     ///   trireme volume show vm1

@@ -759,6 +759,7 @@ mod tests {
             allocated_bytes: 0,
             in_sync: kind == "diskful",
             sync: None,
+            resync_blocked: None,
         }
     }
 

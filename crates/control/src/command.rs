@@ -154,6 +154,27 @@ pub enum Command {
         node: NodeId,
         now_ms: u64,
     },
+    /// The node of an up-to-date replica of a detached volume starts a
+    /// resync-only engine, to copy the data to the outdated replicas
+    /// (nothing else would while no VM runs). Like an attach, the
+    /// generation moves forward (the engine is a primary for the replicas
+    /// and the in-sync set); unlike one, it serves no client and any
+    /// attach replaces it. Refused unless the volume is detached, `node`
+    /// holds an up-to-date replica and some replica is outdated. Replies
+    /// [`Reply::Generation`].
+    StartResync {
+        name: VolumeName,
+        node: NodeId,
+        now_ms: u64,
+    },
+    /// The resync-only engine of `node` at `generation` is done (or can do
+    /// nothing more): the volume is detached again. A no-op when an attach
+    /// replaced it meanwhile. The generation stays.
+    EndResync {
+        name: VolumeName,
+        node: NodeId,
+        generation: Generation,
+    },
     /// Stop being a primary on `node`; `None` when the volume has one
     /// primary. The generation stays.
     DetachVolume {
@@ -505,6 +526,12 @@ impl ClusterState {
             Command::ReattachVolume { name, node, now_ms } => {
                 self.reattach_volume(name, node, now_ms)
             }
+            Command::StartResync { name, node, now_ms } => self.start_resync(name, node, now_ms),
+            Command::EndResync {
+                name,
+                node,
+                generation,
+            } => self.end_resync(name, node, generation),
             Command::DetachVolume { name, node } => self.detach_volume(name, node),
             Command::MarkOutdated {
                 name,
@@ -995,7 +1022,7 @@ impl ClusterState {
             .ok_or_else(|| CommandError::UnknownVolume {
                 name: name.to_string(),
             })?;
-        if volume.is_attached() {
+        if volume.is_attached() && volume.resync_driver().is_none() {
             return Err(CommandError::VolumeAttached {
                 name: name.to_string(),
                 primaries: self.primaries_text(volume),
@@ -1014,6 +1041,8 @@ impl ClusterState {
             )));
         }
         let volume = self.volume_mut(&name)?;
+        // A resync of what is deleted gives way.
+        volume.primaries.clear();
         volume.deleting = true;
         // Members without data have nothing to remove.
         volume
@@ -1221,7 +1250,9 @@ impl ClusterState {
                 state: record.state.as_str().to_string(),
             });
         }
-        if volume.is_primary(node) {
+        // A resync-only engine gives way: the attach fences it.
+        let resyncing = volume.resync_driver().is_some();
+        if volume.is_primary(node) && !resyncing {
             return Ok(Reply::Attached {
                 generation: volume.generation,
                 fenced: Vec::new(),
@@ -1229,6 +1260,7 @@ impl ClusterState {
         }
         let fenced = match volume.primaries.as_slice() {
             [] => Vec::new(),
+            [_] if resyncing => Vec::new(),
             [only] => {
                 // A node that is not online cannot be a migration's source:
                 // whatever ran there is dead or cut off, so the attach is a
@@ -1273,6 +1305,9 @@ impl ClusterState {
             });
         }
         let volume = self.volume_mut(&name)?;
+        if resyncing {
+            volume.primaries.clear();
+        }
         volume
             .primaries
             .retain(|primary| !fenced.iter().any(|gone| gone.node == primary.node));
@@ -1285,11 +1320,69 @@ impl ClusterState {
         volume.primaries.push(PrimaryRecord {
             node,
             since_ms: now_ms,
+            resync_only: false,
         });
         Ok(Reply::Attached {
             generation: volume.generation,
             fenced,
         })
+    }
+
+    fn start_resync(
+        &mut self,
+        name: VolumeName,
+        node: NodeId,
+        now_ms: u64,
+    ) -> Result<Reply, CommandError> {
+        let volume = self.live_volume(&name)?;
+        let refuse = |why: &str| {
+            Err(CommandError::Invalid(format!(
+                "no resync of volume '{name}' from node {node}: {why}"
+            )))
+        };
+        if !volume.primaries.is_empty() {
+            return refuse("it has a primary, which resyncs it");
+        }
+        if volume.rollback.is_some() {
+            return refuse("it is rolling back");
+        }
+        if !(volume.is_in_sync(node) && volume.is_diskful_on(node)) {
+            return refuse("the node holds no up-to-date replica");
+        }
+        if volume
+            .diskful()
+            .all(|replica| volume.is_in_sync(replica.node))
+        {
+            return refuse("every replica is up to date");
+        }
+        if self.nodes.get(&node).map(|n| n.state) != Some(NodeState::Online) {
+            return refuse("the node is not online");
+        }
+        let volume = self.volume_mut(&name)?;
+        volume.generation = volume.generation.next();
+        ClusterState::primaries_changed(volume, "a resync started while it was taken");
+        volume.primaries.push(PrimaryRecord {
+            node,
+            since_ms: now_ms,
+            resync_only: true,
+        });
+        Ok(Reply::Generation(volume.generation))
+    }
+
+    fn end_resync(
+        &mut self,
+        name: VolumeName,
+        node: NodeId,
+        generation: Generation,
+    ) -> Result<Reply, CommandError> {
+        let Some(volume) = self.volumes.get_mut(&name) else {
+            return Ok(Reply::Done);
+        };
+        if volume.resync_driver() == Some(node) && volume.generation == generation {
+            volume.primaries.clear();
+            ClusterState::primaries_changed(volume, "the resync ended while it was taken");
+        }
+        Ok(Reply::Done)
     }
 
     fn reattach_volume(
@@ -1329,7 +1422,13 @@ impl ClusterState {
                 name: name.to_string(),
             })?;
         let leaving = match (node, volume.primaries.as_slice()) {
-            (_, []) => {
+            (_, [])
+            | (
+                _,
+                [PrimaryRecord {
+                    resync_only: true, ..
+                }],
+            ) => {
                 return Err(CommandError::NotAttached {
                     name: name.to_string(),
                 })

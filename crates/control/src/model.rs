@@ -206,6 +206,12 @@ pub struct PrimaryRecord {
     pub node: NodeId,
     /// When this node's current engine took the role (attach or reattach).
     pub since_ms: u64,
+    /// Not attached: the node of an up-to-date replica runs the engine of
+    /// a detached volume only to resync its outdated replicas
+    /// ([`crate::Command::StartResync`]). It serves no client, and gives
+    /// way to any attach (which moves the generation on and so fences it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resync_only: bool,
 }
 
 /// The most primaries a volume may have: two only while a VM migrates.
@@ -358,8 +364,25 @@ impl VolumeRecord {
         self.primaries.iter().any(|primary| primary.node == node)
     }
 
+    /// It has a primary: attached, or resyncing while detached (fencing
+    /// and snapshots treat both alike: an engine runs).
     pub fn is_attached(&self) -> bool {
         !self.primaries.is_empty()
+    }
+
+    /// The node running a resync-only engine of this detached volume.
+    pub fn resync_driver(&self) -> Option<NodeId> {
+        match self.primaries.as_slice() {
+            [only] if only.resync_only => Some(only.node),
+            _ => None,
+        }
+    }
+
+    /// `node` is a primary a client attached (not a resync driver).
+    pub fn is_attached_on(&self, node: NodeId) -> bool {
+        self.primaries
+            .iter()
+            .any(|primary| primary.node == node && !primary.resync_only)
     }
 
     pub fn is_in_sync(&self, node: NodeId) -> bool {

@@ -435,7 +435,8 @@ impl ClusterState {
         name: SnapshotName,
     ) -> Result<Reply, CommandError> {
         let primaries = self.volume_named(&volume_name)?.primaries.clone();
-        if !primaries.is_empty() {
+        // A resync-only engine gives way below.
+        if !primaries.is_empty() && !matches!(primaries.as_slice(), [only] if only.resync_only) {
             return Err(CommandError::VolumeAttached {
                 name: volume_name.to_string(),
                 primaries: self.primaries_text_of(&primaries),
@@ -494,6 +495,8 @@ impl ClusterState {
             pending: holders.clone(),
         });
         volume.in_sync = holders;
+        // The new generation fences a resync-only engine, which gives way.
+        volume.primaries.clear();
         volume.generation = volume.generation.next();
         volume.fenced.clear();
         for replica in &mut volume.replicas {

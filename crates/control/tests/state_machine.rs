@@ -1304,7 +1304,8 @@ fn the_first_attach_moves_the_generation_and_a_second_primary_shares_it() {
         volume.primaries,
         vec![PrimaryRecord {
             node: NodeId(1),
-            since_ms: T0 + 1
+            since_ms: T0 + 1,
+            resync_only: false,
         }]
     );
     assert!(volume.is_primary(NodeId(1)));
@@ -1448,7 +1449,8 @@ fn reattach_moves_the_generation_of_a_primary_only() {
         state.volumes[&vname("v")].primaries,
         vec![PrimaryRecord {
             node: NodeId(1),
-            since_ms: T0 + 50
+            since_ms: T0 + 50,
+            resync_only: false,
         }]
     );
     assert_eq!(
@@ -2670,4 +2672,86 @@ proptest! {
         let decoded: ClusterState = serde_json::from_slice(&encoded).unwrap();
         prop_assert_eq!(decoded, first);
     }
+}
+
+// ---------------------------------------------------------------------------
+// Resyncs of detached volumes.
+// ---------------------------------------------------------------------------
+
+fn start_resync(volume: &str, node: u64) -> Command {
+    Command::StartResync {
+        name: vname(volume),
+        node: NodeId(node),
+        now_ms: T0 + 7,
+    }
+}
+
+#[test]
+fn a_detached_volume_resyncs_through_a_resync_only_primary_that_gives_way() {
+    let mut state = cluster(&["za", "zb", "zc"]);
+    created(apply_ok(&mut state, create_command("v", GIB)));
+    // Nothing to resync: every replica is up to date.
+    refused(&mut state, start_resync("v", 1));
+    // Attached on n1, n3 falls behind, then the VM stops.
+    apply_ok(&mut state, attach_command("v", 1, false));
+    apply_ok(&mut state, outdated_command("v", 2, 3, 1));
+    apply_ok(&mut state, detach_command("v", None));
+    // Only an up-to-date replica's node drives the resync.
+    refused(&mut state, start_resync("v", 3));
+    assert_eq!(
+        generation_of(apply_ok(&mut state, start_resync("v", 2))),
+        Generation(3),
+        "a resync is a new history: it fences whatever ran before"
+    );
+    let volume = &state.volumes[&vname("v")];
+    assert_eq!(volume.resync_driver(), Some(NodeId(2)));
+    assert!(volume.is_primary(NodeId(2)) && !volume.is_attached_on(NodeId(2)));
+    // A second one is refused, and a detach finds nothing attached.
+    refused(&mut state, start_resync("v", 1));
+    refused(&mut state, detach_command("v", None));
+    // Its in-sync report is fenced like any primary's.
+    apply_ok(&mut state, in_sync_command("v", 3, 3, 2));
+    assert!(state.volumes[&vname("v")].is_in_sync(NodeId(3)));
+
+    // An attach replaces it (even on the same node) at a new generation,
+    // so the resync engine is fenced by every replica it reaches.
+    apply_ok(&mut state, outdated_command("v", 3, 3, 2));
+    assert_eq!(
+        generation_of(apply_ok(&mut state, attach_command("v", 2, false))),
+        Generation(4)
+    );
+    let volume = &state.volumes[&vname("v")];
+    assert_eq!(volume.resync_driver(), None);
+    assert!(volume.is_attached_on(NodeId(2)));
+    // Its late reports are stale, and its end changes nothing.
+    refused(&mut state, in_sync_command("v", 3, 3, 2));
+    let before = state.clone();
+    apply_ok(
+        &mut state,
+        Command::EndResync {
+            name: vname("v"),
+            node: NodeId(2),
+            generation: Generation(3),
+        },
+    );
+    assert_eq!(state, before);
+
+    // Detached again, a resync that ends leaves the volume detached at
+    // its generation.
+    apply_ok(&mut state, detach_command("v", None));
+    apply_ok(&mut state, start_resync("v", 1));
+    apply_ok(
+        &mut state,
+        Command::EndResync {
+            name: vname("v"),
+            node: NodeId(1),
+            generation: Generation(5),
+        },
+    );
+    let volume = &state.volumes[&vname("v")];
+    assert!(volume.primaries.is_empty());
+    assert_eq!(volume.generation, Generation(5));
+    // A delete is not refused by a running resync.
+    apply_ok(&mut state, start_resync("v", 1));
+    apply_ok(&mut state, Command::DeleteVolume { name: vname("v") });
 }

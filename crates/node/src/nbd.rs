@@ -59,7 +59,8 @@ impl NodeExports {
         if volume.deleting {
             return Err(format!("volume '{name}' is being deleted"));
         }
-        if !volume.primaries.is_empty() {
+        // A resync-only engine serves nobody: the volume is detached.
+        if volume.primaries.iter().any(|primary| !primary.resync_only) {
             let served: Vec<String> = volume
                 .primaries
                 .iter()

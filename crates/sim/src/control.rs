@@ -2009,6 +2009,14 @@ fn describe(command: &Command) -> String {
         Command::SetDataAddress { node, data_address } => {
             format!("node {node} data address {data_address:?}")
         }
+        Command::StartResync { name, node, .. } => {
+            format!("node {node} starts a resync of detached {name}")
+        }
+        Command::EndResync {
+            name,
+            node,
+            generation,
+        } => format!("node {node} ends its resync of {name} at {generation}"),
         Command::AttachVolume {
             name,
             node,

@@ -17,6 +17,9 @@ use crate::args::{OutputFormat, ReplicaCommand, VolumeCommand};
 use crate::client::{Answer, Client};
 use crate::output;
 
+/// How long `volume show --wait` sees no resync able to run before it
+/// stops and says why.
+const WAIT_BLOCKED_GRACE: Duration = Duration::from_secs(10);
 /// How often `volume show --wait` asks for the volume.
 const WAIT_POLL: Duration = Duration::from_millis(500);
 
@@ -372,6 +375,7 @@ fn wait_in_sync(
     .progress_chars("=> ");
     let mut shown: BTreeMap<String, ProgressBar> = BTreeMap::new();
     let mut last_line = String::new();
+    let mut blocked_since: Option<Instant> = None;
     loop {
         let answer = client.get(&format!("/volumes/{name}"))?;
         let volume: VolumeResponse = answer.parse()?;
@@ -401,6 +405,37 @@ fn wait_in_sync(
         }
         if behind.is_empty() {
             return Ok(answer);
+        }
+        // Nothing will copy the data to these replicas until something
+        // changes: say why rather than wait for it (after a grace, since a
+        // node that just restarted is reported online a moment later).
+        let blocked = behind
+            .iter()
+            .all(|replica| replica.resync_blocked.is_some());
+        let blocked_for = match (blocked, blocked_since) {
+            (false, _) => {
+                blocked_since = None;
+                Duration::ZERO
+            }
+            (true, None) => {
+                blocked_since = Some(Instant::now());
+                Duration::ZERO
+            }
+            (true, Some(since)) => since.elapsed(),
+        };
+        if blocked_for >= WAIT_BLOCKED_GRACE {
+            bars.clear().ok();
+            let reasons: Vec<String> = behind
+                .iter()
+                .filter_map(|replica| {
+                    let why = replica.resync_blocked.as_ref()?;
+                    Some(format!("{}: {why}", replica.node))
+                })
+                .collect();
+            bail!(
+                "volume '{name}' is not up to date everywhere, and no resync can run: {}",
+                reasons.join("; ")
+            );
         }
         if lines {
             let line = behind_text(&behind);

@@ -256,6 +256,12 @@ pub struct ReplicaResponse {
     /// The running resync, if any.
     #[serde(default)]
     pub sync: Option<SyncResponse>,
+    /// Why this replica, which is behind, is not being resynced and will
+    /// not be until something changes (its node is offline, the volume is
+    /// detached with an up-to-date replica offline, ...); absent when a
+    /// resync runs or will start by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync_blocked: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -118,7 +118,7 @@ pub fn replica_state(volume: &VolumeRecord, replica: &ReplicaRecord) -> String {
             None => "outdated".to_string(),
         }),
     };
-    match (volume.is_primary(replica.node), data) {
+    match (volume.is_attached_on(replica.node), data) {
         (true, None) => "primary".to_string(),
         (true, Some(other)) => format!("primary ({other})"),
         (false, Some(data)) => data,
@@ -188,9 +188,16 @@ impl ApiState {
         let primary = record
             .primaries
             .iter()
+            .filter(|primary| !primary.resync_only)
             .map(|primary| primary.node)
             .find(|node| *node == me)
-            .or_else(|| record.primaries.first().map(|primary| primary.node));
+            .or_else(|| {
+                record
+                    .primaries
+                    .iter()
+                    .find(|primary| !primary.resync_only)
+                    .map(|primary| primary.node)
+            });
         let nbd_url = match diskful.as_slice() {
             _ if primary.is_some() => primary.and_then(url_on),
             [only] if only.node == me => self
@@ -259,13 +266,20 @@ impl ApiState {
                             .as_ref()
                             .filter(|_| !in_sync)
                             .map(|progress| sync_response(progress, now_ms)),
+                        resync_blocked: (replica.kind == ReplicaKind::Diskful && !in_sync)
+                            .then(|| {
+                                crate::replicated::resync::blocked(&state, record, replica.node)
+                            })
+                            .flatten(),
                     }
                 })
                 .collect(),
             generation: record.generation.0,
+            // A resync-only engine is not an attachment.
             primaries: record
                 .primaries
                 .iter()
+                .filter(|primary| !primary.resync_only)
                 .map(|primary| state.node_name(primary.node))
                 .collect(),
         }

@@ -11,11 +11,14 @@
 //! - [`volume`]: an attached volume as an NBD target.
 //! - [`snapshots`]: snapshots, rollbacks and fencing on this node.
 //! - `clock`: the clock of timeouts and read leases (`CLOCK_BOOTTIME`).
+//! - [`resync`]: resyncs of detached volumes (a resync-only engine on the
+//!   node of an up-to-date replica).
 
 mod clock;
 pub mod engine;
 mod local;
 pub mod meta;
+pub mod resync;
 pub mod serve;
 pub mod snapshots;
 pub mod volume;
@@ -85,9 +88,10 @@ impl Replication {
         self.engine(name)
     }
 
-    /// The NBD target of a volume attached here, while its engine runs.
+    /// The NBD target of a volume attached here, while its engine runs
+    /// (a resync-only engine serves no client).
     pub fn target(&self, name: &VolumeName) -> Option<Arc<dyn BlockTarget>> {
-        let engine = self.engine(name)?;
+        let engine = self.engine(name).filter(|engine| !engine.resync_only)?;
         Some(Arc::new(volume::ReplicatedVolume::new(engine)))
     }
 
@@ -96,7 +100,7 @@ impl Replication {
         let (cluster, _) = self.cluster.get()?;
         let state = cluster.state.read();
         let volume = state.volumes.get(name)?;
-        Some(volume.primaries.iter().any(|p| p.node == cluster.node_id()))
+        Some(volume.is_attached_on(cluster.node_id()))
     }
 
     /// A replica deleted here: its replication state goes too.
@@ -137,9 +141,15 @@ impl Replication {
             let mut engines = self.engines.lock().expect("engines lock");
             engines.retain(|_, engine| !engine.is_stopped());
         }
+        let finished = self.drive_resyncs(cluster).await;
         for (record, policy) in attached {
             let running = self.engine(&record.name);
             if running.is_some_and(|engine| engine.generation == record.generation) {
+                continue;
+            }
+            if finished.contains(&record.name) {
+                // A resync that is over is not started again; its end is
+                // retried.
                 continue;
             }
             let name = record.name.clone();

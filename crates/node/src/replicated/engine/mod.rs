@@ -158,6 +158,9 @@ pub struct EngineHandle {
     pub volume: VolumeName,
     pub generation: Generation,
     pub size_bytes: u64,
+    /// The engine of a detached volume, run only to resync its replicas:
+    /// it serves no client.
+    pub resync_only: bool,
     core: Arc<Core>,
     /// This node's copy, when it holds one.
     pub(crate) local: Option<Arc<Volume>>,
@@ -343,10 +346,12 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
         stopped_inputs,
         runtime,
     });
+    let resync_only = record.resync_driver() == Some(me);
     let handle = Arc::new(EngineHandle {
         volume: record.name.clone(),
         generation: record.generation,
         size_bytes: record.size_bytes,
+        resync_only,
         core: core.clone(),
         local: start.local,
         local_readable: local_readable.clone(),
@@ -355,7 +360,11 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
         stopped: stopped.clone(),
     });
     tasks::spawn_view_watch(start.cluster, record.name.clone(), Arc::downgrade(&core));
-    tracing::info!(volume = %record.name, generation = %record.generation, "primary engine starting");
+    if resync_only {
+        tracing::info!(volume = %record.name, generation = %record.generation, "resync engine starting: the volume is detached and a replica is behind");
+    } else {
+        tracing::info!(volume = %record.name, generation = %record.generation, "primary engine starting");
+    }
     tokio::spawn(run(core, receiver, local_readable, stopped));
     Ok(handle)
 }
