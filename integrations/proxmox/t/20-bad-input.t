@@ -42,6 +42,8 @@ dies_like(sub { $plugin->free_image('tri', $on1, 'vm-101-disk-77', 0) },
     [qr/no volume 'vm-101-disk-77'/], 'freeing an unknown volume');
 dies_like(sub { $plugin->volume_size_info($on1, 'tri', 'vm-101-disk-77') },
     [qr/no volume 'vm-101-disk-77'/], 'the size of an unknown volume');
+is_deeply($plugin->volume_snapshot_info($on1, 'tri', 'vm-101-disk-77'), {},
+    'an unknown volume has no snapshots (as Proxmox\'s replication expects)');
 
 # --- the storage.cfg entry ---
 dies_like(sub { PVE::Storage::Plugin->parse_config('storage.cfg', "trireme: x\n\ttoken t\n",

@@ -457,6 +457,8 @@ sub volume_snapshot_info {
     my ($class, $scfg, $storeid, $volname) = @_;
     my $config = config_of($scfg, $storeid);
     my $volume = $class->volume_of($volname);
+    # Proxmox's replication asks about volumes that may not exist: none.
+    return {} if !volume_info($config, $volume);
     my $snapshots = call($config, 'GET', "/volumes/$volume/snapshots");
     my $info = {};
     my $order = 0;
