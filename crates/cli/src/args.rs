@@ -315,7 +315,9 @@ pub enum NodeCommand {
     /// from the volumes' placement and its vote goes to another online node.
     ///
     /// Refused while the node holds the last up-to-date replica of a volume.
-    /// Stop `trireme node run` on that machine too, if it still runs.
+    /// The removed node stops when it hears of it, and refuses to start
+    /// on its old data directory: wipe it and join the machine again as a
+    /// new node.
     Remove {
         /// The node's name, as `trireme node list` shows it.
         #[arg(value_parser = parse_node_name)]

@@ -210,8 +210,11 @@ fn remove(client: &Client, name: &NodeName, json: bool) -> Result<()> {
         None => {}
     }
     if entry.as_ref().is_some_and(|node| node.state == "online") {
-        println!("stop `trireme node run` on that machine");
+        println!("`trireme node run` on that machine stops by itself once it hears of it");
     }
+    println!(
+        "that node refuses to start on its old data directory: to use the machine again, wipe the directory and join it as a new node (`trireme node run --join ...`)"
+    );
     Ok(())
 }
 
