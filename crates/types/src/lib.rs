@@ -5,12 +5,15 @@
 //! - [`size`]: byte sizes as people write them (`512M`, `32G`, `4T`).
 //! - [`target`]: [`BlockTarget`], the interface an export serves. A local
 //!   store volume implements it today; the replication engine will too.
+//! - [`volume_size`]: the sizes a volume may have, checked by the API and
+//!   the control plane alike.
 
 pub mod buffer;
 pub mod ids;
 pub mod size;
 pub mod target;
 pub mod time;
+pub mod volume_size;
 
 pub use buffer::BlockBuf;
 pub use ids::{
@@ -22,6 +25,7 @@ pub use target::{
     Attempt, BlockStatusExtent, BlockTarget, Completer, TargetError, TargetReply, TargetRequest,
     ZeroFlags,
 };
+pub use volume_size::{check_volume_size, VolumeSizeError, VOLUME_MAX_BYTES};
 
 /// The unit of checksumming, allocation bitmaps and alignment: 4 KiB.
 pub const BLOCK_SIZE: u64 = 4096;
