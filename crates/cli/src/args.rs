@@ -674,11 +674,19 @@ pub enum VolumeCommand {
     },
     /// Delete a volume and its data on every node. Connected NBD clients get I/O errors.
     ///
+    /// A volume with snapshots is refused, naming them, unless
+    /// --with-snapshots says they go too. Clones made from its snapshots
+    /// keep their data (they share chunks, counted); while a clone is
+    /// still being made from one, the delete waits for it.
+    ///
     /// When a node holding a replica is offline, the volume stays in state
     /// `deleting` until that node comes back and removes its copy.
     Delete {
         #[arg(value_parser = parse_volume_name)]
         name: VolumeName,
+        /// Delete the volume's snapshots with it.
+        #[arg(long)]
+        with_snapshots: bool,
     },
 }
 

@@ -5,7 +5,7 @@ use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 use std::collections::BTreeSet;
 use trireme_node::api::model::{
     GroupBody, NodeEntry, NodeResponse, PoolResponse, PoolState, ReplicaResponse, ScanResponse,
-    SettingsBody, StatusResponse, SyncResponse, VolumeResponse,
+    SettingsBody, StatusResponse, SyncResponse, VolumeCounts, VolumeResponse,
 };
 use trireme_types::format_size;
 
@@ -175,7 +175,7 @@ pub fn volumes_table(
             right(format_size(volume.size_bytes)),
             right(format_size(volume.allocated_bytes)),
             Cell::new(&volume.group),
-            Cell::new(&volume.state),
+            Cell::new(volume.state.as_str()),
             Cell::new(attached(volume)),
             Cell::new(replicas_column(&volume.replicas, not_online)),
             Cell::new(volume.nbd_url.as_deref().unwrap_or("-")),
@@ -269,7 +269,7 @@ pub fn volume_detail(volume: &VolumeResponse, not_online: &NotOnline) {
         ("checksum errors", volume.checksum_errors.to_string()),
         ("nbd", volume.nbd_url.clone().unwrap_or_else(|| "-".into())),
         ("group", volume.group.clone()),
-        ("state", volume.state.clone()),
+        ("state", volume.state.to_string()),
         ("generation", volume.generation.to_string()),
         ("attached on", attached(volume)),
         ("replicas", replicas_column(&volume.replicas, not_online)),
@@ -464,17 +464,7 @@ pub fn status_screen(status: &StatusResponse) {
     };
     let nodes = &status.nodes;
     let volumes = &status.volumes;
-    let by_state: Vec<String> = [
-        (volumes.ready, "ready"),
-        (volumes.creating, "creating"),
-        (volumes.degraded, "degraded"),
-        (volumes.failed, "failed"),
-        (volumes.deleting, "deleting"),
-    ]
-    .into_iter()
-    .filter(|(count, _)| *count > 0)
-    .map(|(count, state)| format!("{count} {state}"))
-    .collect();
+    let by_state = volume_counts_text(volumes);
     let eviction = if status.eviction_enabled {
         format!(
             "on: nodes offline for {} are evicted",
@@ -512,16 +502,28 @@ pub fn status_screen(status: &StatusResponse) {
         format_size(status.provisioned_bytes),
         percent(status.provisioned_bytes, status.capacity_bytes),
     );
-    if by_state.is_empty() {
-        println!("volumes:      {}", volumes.total);
-    } else {
-        println!("volumes:      {} ({})", volumes.total, by_state.join(", "));
-    }
+    println!("volumes:      {by_state}");
     if !status.warnings.is_empty() {
         println!();
     }
     for warning in &status.warnings {
         println!("warning: {warning}");
+    }
+}
+
+/// `7 (1 no-quorum, 2 degraded, 4 ready)`: every state with volumes in
+/// it, worst first.
+fn volume_counts_text(volumes: &VolumeCounts) -> String {
+    let by_state: Vec<String> = volumes
+        .by_state()
+        .into_iter()
+        .filter(|(count, _)| *count > 0)
+        .map(|(count, state)| format!("{count} {state}"))
+        .collect();
+    if by_state.is_empty() {
+        volumes.total.to_string()
+    } else {
+        format!("{} ({})", volumes.total, by_state.join(", "))
     }
 }
 
@@ -852,6 +854,26 @@ mod tests {
         );
         let legend = replicas_legend(replicas.iter(), &not_online).unwrap();
         assert!(legend.contains("off: its node is offline"), "{legend}");
+    }
+
+    #[test]
+    fn volume_counts_name_every_state_worst_first() {
+        let mut volumes = VolumeCounts::default();
+        assert_eq!(volume_counts_text(&volumes), "0");
+        use trireme_node::api::model::VolumeState;
+        for state in [
+            VolumeState::Ready,
+            VolumeState::Ready,
+            VolumeState::Degraded,
+            VolumeState::Syncing,
+            VolumeState::NoQuorum,
+        ] {
+            volumes.count(state);
+        }
+        assert_eq!(
+            volume_counts_text(&volumes),
+            "5 (1 no-quorum, 1 degraded, 1 syncing, 2 ready)"
+        );
     }
 
     #[test]

@@ -837,7 +837,19 @@ fn an_offline_node_is_evicted_only_when_switched_on() {
     let moved = wait_until(Duration::from_secs(60), || {
         last = first.cli_json(&["volume", "show", "pair"]);
         let now = holders(&last);
-        now.len() == 2 && now.contains("e1") && !now.contains(&victim) && last["state"] == "ready"
+        // The new replica is made but empty: the volume holds one
+        // up-to-date copy until it is resynced, and says so.
+        let made = last["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|replica| replica["kind"] == "diskful")
+            .all(|replica| replica["observed"] == "ready");
+        now.len() == 2
+            && now.contains("e1")
+            && !now.contains(&victim)
+            && made
+            && ["degraded", "syncing", "ready"].contains(&last["state"].as_str().unwrap_or(""))
     });
     assert!(
         moved,
@@ -865,4 +877,112 @@ fn an_offline_node_is_evicted_only_when_switched_on() {
         !names(&status(&first)["voters"]).contains(&victim),
         "{victim} took a seat back"
     );
+}
+
+/// The member of `volume` (as `volume show` answers) that is its
+/// tiebreaker, if any.
+fn tiebreaker_of(volume: &Value) -> Option<String> {
+    volume["replicas"]
+        .as_array()?
+        .iter()
+        .find(|replica| replica["kind"] == "tiebreaker")
+        .and_then(|replica| replica["node"].as_str().map(String::from))
+}
+
+#[test]
+fn a_lost_tiebreaker_comes_back_and_two_nodes_keep_one_voter() {
+    let first = TestNode::start_with(spec("t1", None));
+    let mut others = vec![joiner(&first, "t2"), joiner(&first, "t3")];
+    wait_settled(&first, 3, 3);
+    let pair = first.cli_json(&[
+        "volume", "create", "pair", "--size", "16M", "--nodes", "t1,t2",
+    ]);
+    assert_eq!(tiebreaker_of(&pair).as_deref(), Some("t3"), "{pair:#}");
+
+    // t3 leaves: two nodes, and one voter, the leader (docs/cluster.md):
+    // with two voters the loss of either would stop the control plane.
+    first.cli(&["node", "remove", "t3"]);
+    others[1].stop();
+    let mut last = Value::Null;
+    let shrunk = wait_until(Duration::from_secs(60), || {
+        last = status(&first);
+        last["nodes"]["total"] == 2
+            && last["voters"].as_array().map(Vec::len) == Some(1)
+            && last["voters"][0] == last["leader"]
+    });
+    assert!(
+        shrunk,
+        "two nodes, not one voter: {last:#}\n{}",
+        first.log_tail()
+    );
+
+    // `pair` lost its tiebreaker: its two replicas are both needed, and
+    // `status` says so, and why.
+    let shown = first.cli_json(&["volume", "show", "pair"]);
+    assert_eq!(tiebreaker_of(&shown), None, "{shown:#}");
+    let warnings = last["warnings"].to_string();
+    assert!(
+        warnings.contains("volume pair is one failure from losing its quorum")
+            && warnings.contains("it has no tiebreaker"),
+        "{last:#}"
+    );
+
+    // A node joins: the leader gives `pair` its tiebreaker back.
+    others.push(joiner(&first, "t4"));
+    let mut shown = Value::Null;
+    let restored = wait_until(Duration::from_secs(60), || {
+        shown = first.cli_json(&["volume", "show", "pair"]);
+        tiebreaker_of(&shown).as_deref() == Some("t4")
+    });
+    assert!(
+        restored,
+        "no tiebreaker came back: {shown:#}\n{}",
+        first.log_tail()
+    );
+    let settled = wait_settled(&first, 3, 3);
+    assert!(
+        !settled["warnings"].to_string().contains("quorum"),
+        "{settled:#}"
+    );
+
+    // A grow past the largest volume is refused before anything changes.
+    let refused = run_fail(&mut first.cli_cmd(&["volume", "grow", "pair", "--size", "2P"]));
+    assert!(
+        refused
+            .stderr
+            .contains("larger than the largest volume, 1125899906842624 bytes"),
+        "{}",
+        refused.stderr
+    );
+    let shown = first.cli_json(&["volume", "show", "pair"]);
+    assert_eq!(shown["size_bytes"], 16 << 20, "{shown:#}");
+    assert_eq!(shown["state"], "ready", "{shown:#}");
+
+    // A volume with a snapshot is deleted only when the request says so.
+    first.cli(&["volume", "attach", "pair", "--node", "t1"]);
+    let mut out = None;
+    let taken = wait_until(Duration::from_secs(30), || {
+        let attempt = exec(
+            &mut first.cli_cmd(&["snapshot", "create", "pair", "keep-me"]),
+            CLI_TIMEOUT,
+        );
+        let done = attempt.success();
+        out = Some(attempt);
+        done
+    });
+    assert!(taken, "{}", out.unwrap().describe("snapshot create"));
+    first.cli(&["volume", "detach", "pair"]);
+    let refused = run_fail(&mut first.cli_cmd(&["volume", "delete", "pair"]));
+    assert!(
+        refused.stderr.contains("snapshot(s) keep-me")
+            && refused.stderr.contains("--with-snapshots"),
+        "{}",
+        refused.stderr
+    );
+    assert!(volume_names(&first).contains("pair"));
+    first.cli(&["volume", "delete", "pair", "--with-snapshots"]);
+    let gone = wait_until(Duration::from_secs(30), || {
+        !volume_names(&first).contains("pair")
+    });
+    assert!(gone, "pair was not deleted");
 }

@@ -7,7 +7,8 @@
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use trireme_types::{
-    Generation, GroupName, NodeId, NodeName, PoolName, SnapshotId, SnapshotName, VolumeName,
+    check_volume_size, Generation, GroupName, NodeId, NodeName, PoolName, SnapshotId, SnapshotName,
+    VolumeName, VolumeSizeError,
 };
 
 use crate::model::*;
@@ -98,8 +99,13 @@ pub enum Command {
         name: VolumeName,
         size_bytes: u64,
     },
+    /// Delete a volume. Refused while it has snapshots unless
+    /// `with_snapshots` (they go with it), and while clones are being made
+    /// from them.
     DeleteVolume {
         name: VolumeName,
+        #[serde(default)]
+        with_snapshots: bool,
     },
     /// A node's agent reports what it observed about one of its replicas.
     ReportReplica {
@@ -217,6 +223,14 @@ pub enum Command {
     RemoveReplica {
         name: VolumeName,
         node: NodeId,
+    },
+    /// Place again what the volume lost (its tiebreaker, replicas lost
+    /// with a removed or evicted node), as far as nodes can take it
+    /// (`crate::repair`). Proposed by the leader; changes nothing when
+    /// there is nothing to restore. Replies [`Reply::Volume`] when it
+    /// changed the placement.
+    RestorePlacement {
+        name: VolumeName,
     },
     /// Take a snapshot of a volume: by its primary's engine when attached,
     /// by each fenced up-to-date replica's node when detached. Replies
@@ -430,6 +444,20 @@ pub enum CommandError {
         node: String,
         snapshots: String,
     },
+    #[error("volume '{name}': {problem}")]
+    InvalidSize {
+        name: String,
+        problem: VolumeSizeError,
+    },
+    #[error("volume '{name}' has snapshot(s) {snapshots}; deleting it deletes them too: delete them first (`trireme snapshot delete {name} SNAPSHOT`), or say so with `trireme volume delete {name} --with-snapshots`{clones}")]
+    HasSnapshots {
+        name: String,
+        snapshots: String,
+        /// The clones made from them, which keep their data either way.
+        clones: String,
+    },
+    #[error("volume(s) {clones} are being made from snapshots of volume '{name}' and still read their data from it: wait until they are ready (`trireme volume show CLONE --wait`), or delete them (`trireme volume delete CLONE`), then delete '{name}'")]
+    ClonesBeingMade { name: String, clones: String },
     #[error("{0}")]
     Invalid(String),
 }
@@ -483,7 +511,10 @@ impl ClusterState {
                 now_ms,
             ),
             Command::GrowVolume { name, size_bytes } => self.grow_volume(name, size_bytes),
-            Command::DeleteVolume { name } => self.delete_volume(name),
+            Command::DeleteVolume {
+                name,
+                with_snapshots,
+            } => self.delete_volume(name, with_snapshots),
             Command::ReportReplica {
                 volume,
                 volume_id,
@@ -557,6 +588,7 @@ impl ClusterState {
                 now_ms: _,
             } => self.add_replica(name, node, pool),
             Command::RemoveReplica { name, node } => self.remove_replica(name, node),
+            Command::RestorePlacement { name } => self.restore_placement(name),
             Command::CreateSnapshot {
                 volume,
                 name,
@@ -900,11 +932,10 @@ impl ClusterState {
                 name: name.to_string(),
             });
         }
-        if size_bytes == 0 {
-            return Err(CommandError::Invalid(format!(
-                "volume '{name}' needs a size above 0"
-            )));
-        }
+        check_volume_size(size_bytes).map_err(|problem| CommandError::InvalidSize {
+            name: name.to_string(),
+            problem,
+        })?;
         let group_name = group.unwrap_or_else(|| {
             GroupName::new(DEFAULT_GROUP).expect("the default group's name is valid")
         });
@@ -974,6 +1005,7 @@ impl ClusterState {
             rollback: None,
             origin: None,
             fenced: BTreeSet::new(),
+            replica_target: placement.diskful.len(),
         };
         self.next_volume_id += 1;
         record.replicas = replicas_of(&placement, observed_adopted);
@@ -996,6 +1028,12 @@ impl ClusterState {
                 name: name.to_string(),
             });
         }
+        // Checked before anything changes: a size every replica's store
+        // refuses would leave the volume failed on every node.
+        check_volume_size(size_bytes).map_err(|problem| CommandError::InvalidSize {
+            name: name.to_string(),
+            problem,
+        })?;
         if size_bytes < volume.size_bytes {
             return Err(CommandError::ShrinkRefused {
                 name: name.to_string(),
@@ -1015,7 +1053,11 @@ impl ClusterState {
         Ok(Reply::Volume(Box::new(volume.clone())))
     }
 
-    fn delete_volume(&mut self, name: VolumeName) -> Result<Reply, CommandError> {
+    fn delete_volume(
+        &mut self,
+        name: VolumeName,
+        with_snapshots: bool,
+    ) -> Result<Reply, CommandError> {
         let volume = self
             .volumes
             .get(&name)
@@ -1035,10 +1077,43 @@ impl ClusterState {
             .map(|clone| clone.name.to_string())
             .collect();
         if !cloning.is_empty() {
-            return Err(CommandError::Invalid(format!(
-                "volumes {} are being cloned from snapshots of volume '{name}'; delete it once they are created",
-                cloning.join(", ")
-            )));
+            return Err(CommandError::ClonesBeingMade {
+                name: name.to_string(),
+                clones: cloning.join(", "),
+            });
+        }
+        // As rbd and LINSTOR do: a volume's snapshots are data of their
+        // own, and go only when the request says so.
+        let snapshots: Vec<String> = volume
+            .snapshots
+            .iter()
+            .filter(|snapshot| snapshot.state != crate::snapshot::SnapshotState::Deleting)
+            .map(|snapshot| snapshot.name.to_string())
+            .collect();
+        if !snapshots.is_empty() && !with_snapshots && !volume.deleting {
+            let clones: Vec<String> = self
+                .volumes
+                .values()
+                .filter(|clone| {
+                    clone
+                        .origin
+                        .as_ref()
+                        .is_some_and(|origin| origin.volume == name)
+                })
+                .map(|clone| clone.name.to_string())
+                .collect();
+            return Err(CommandError::HasSnapshots {
+                name: name.to_string(),
+                snapshots: snapshots.join(", "),
+                clones: if clones.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ". Clones made from them ({}) keep their data either way: they share chunks with it, counted, and need no flattening",
+                        clones.join(", ")
+                    )
+                },
+            });
         }
         let volume = self.volume_mut(&name)?;
         // A resync of what is deleted gives way.
@@ -1602,6 +1677,7 @@ impl ClusterState {
         })?;
         let volume = self.volume_mut(&name)?;
         apply_placement(volume, &placement);
+        volume.replica_target = volume.replica_target.max(volume.diskful().count());
         Ok(Reply::Volume(Box::new(volume.clone())))
     }
 
@@ -1675,6 +1751,8 @@ impl ClusterState {
         }
         let volume = self.volume_mut(&name)?;
         apply_placement(volume, &placement);
+        // Asked for by the admin: the leader must not place it again.
+        volume.replica_target = volume.diskful().count();
         if volume.is_primary(node) && volume.replica(node).is_none() {
             // A primary goes on serving the volume through its peers.
             volume.replicas.push(diskless_member(node));
@@ -1762,6 +1840,12 @@ impl ClusterState {
             if volume.in_sync.is_empty() && (volume.is_attached() || !volume.deleting) {
                 return Err(format!("volume {name} has no up-to-date replica"));
             }
+            if !volume.deleting && !(1..=MAX_PLACE_COUNT).contains(&volume.replica_target) {
+                return Err(format!(
+                    "volume {name} wants {} diskful replicas",
+                    volume.replica_target
+                ));
+            }
             if volume.deleting && volume.is_attached() {
                 return Err(format!("volume {name} is attached while being deleted"));
             }
@@ -1799,7 +1883,7 @@ fn has_other_in_sync(volume: &VolumeRecord, node: NodeId) -> bool {
 /// Gives `volume` the members of `placement`. Replicas that stay keep their
 /// record (what their node reported, their resync); new diskful replicas
 /// are pending and not in sync; a primary keeps a diskless membership.
-fn apply_placement(volume: &mut VolumeRecord, placement: &placer::Placement) {
+pub(crate) fn apply_placement(volume: &mut VolumeRecord, placement: &placer::Placement) {
     let mut replicas = replicas_of(placement, false);
     for replica in &mut replicas {
         if let Some(old) = volume.replica(replica.node) {

@@ -7,20 +7,27 @@
 //!   that applies them (tested without any I/O).
 //! - [`conformance`]: whether placed replicas still satisfy their group
 //!   after labels or the group changed.
+//! - [`health`]: a volume's state in one word (ready, degraded, syncing,
+//!   no quorum, ...) and its distance from losing quorum.
 //! - [`placer`]: the autoplacer, a pure function from candidates and a
 //!   resource group to a placement or a refusal that explains itself.
+//! - [`repair`]: placing again a volume's lost tiebreaker and replicas,
+//!   which the leader asks for.
 //! - [`raft`]: openraft's types and its storage (log, vote, snapshots) in
 //!   the node's `control.redb`.
 //! - [`snapshot`]: volume snapshots, rollbacks, clones' origins and
 //!   schedules, and the fencing of detached volumes.
 pub mod command;
 pub mod conformance;
+pub mod health;
 pub mod model;
 pub mod placer;
 pub mod raft;
+pub mod repair;
 pub mod snapshot;
 
 pub use command::{Command, CommandError, FencedPrimary, NodeRegistration, PoolReport, Reply};
+pub use health::{QuorumCount, VolumeHealth};
 pub use model::*;
 pub use snapshot::{
     CloneOrigin, Rollback, SnapshotRecord, SnapshotSchedule, SnapshotState, SnapshotTaker,

@@ -255,6 +255,12 @@ pub struct VolumeRecord {
     /// While detached: the nodes whose replica has fenced the current
     /// generation (no primary of it can write there any more).
     pub fenced: BTreeSet<NodeId>,
+    /// How many diskful replicas the volume should have: what it was
+    /// placed with, moved by `replica add` and `replica remove`. A node's
+    /// removal or eviction does not lower it, so the leader places the
+    /// missing replicas again once nodes can take them
+    /// (`Command::RestorePlacement`).
+    pub replica_target: usize,
 }
 
 /// [`VolumeRecord`] as stored: fields added later are optional, so that
@@ -285,6 +291,9 @@ struct StoredVolumeRecord {
     origin: Option<CloneOrigin>,
     #[serde(default)]
     fenced: BTreeSet<NodeId>,
+    /// `None` in states written before it existed.
+    #[serde(default)]
+    replica_target: Option<usize>,
 }
 
 impl From<StoredVolumeRecord> for VolumeRecord {
@@ -300,6 +309,11 @@ impl From<StoredVolumeRecord> for VolumeRecord {
                 .map(|replica| replica.node)
                 .collect()
         });
+        let diskful_count = stored
+            .replicas
+            .iter()
+            .filter(|replica| replica.kind == ReplicaKind::Diskful)
+            .count();
         VolumeRecord {
             id: stored.id,
             name: stored.name,
@@ -316,6 +330,9 @@ impl From<StoredVolumeRecord> for VolumeRecord {
             rollback: stored.rollback,
             origin: stored.origin,
             fenced: stored.fenced,
+            // Before the target existed, what a volume lost was never
+            // placed again: its replicas now are all it is known to want.
+            replica_target: stored.replica_target.unwrap_or(diskful_count),
         }
     }
 }

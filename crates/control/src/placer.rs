@@ -506,7 +506,16 @@ fn place_automatically(
 
     let mut found: Vec<(&NodeName, String)> = kept
         .iter()
-        .map(|node| (&node.name, format!("{} (kept)", node.name)))
+        // A kept replica on a node that is down holds no usable copy now:
+        // say so, or the count reads as if that node were available.
+        .map(|node| {
+            let note = match (node.evicted, node.online) {
+                (true, _) => "kept, on an evicted node",
+                (false, false) => "kept, on an offline node",
+                (false, true) => "kept",
+            };
+            (&node.name, format!("{} ({note})", node.name))
+        })
         .chain(chosen.iter().map(|&index| {
             let name = &fits[index].node.name;
             (name, name.to_string())
@@ -1182,6 +1191,29 @@ mod tests {
         let text = place(&nodes, &req).unwrap_err().to_string();
         assert!(text.contains("found 2: a (kept), d"), "{text}");
         assert!(text.contains("node c shares zone=z1 with a"), "{text}");
+    }
+
+    #[test]
+    fn a_kept_replica_on_a_node_that_is_down_is_not_counted_as_available() {
+        let mut evicted = ssd(3, "c", "z3");
+        evicted.evicted = true;
+        let mut offline = ssd(2, "b", "z2");
+        offline.online = false;
+        let nodes = [ssd(1, "a", "z1"), offline, evicted];
+        let keep = [
+            (NodeId(1), PoolName::new("p").unwrap()),
+            (NodeId(2), PoolName::new("p").unwrap()),
+            (NodeId(3), PoolName::new("p").unwrap()),
+        ];
+        let req = Request {
+            keep: &keep,
+            ..request(4)
+        };
+        let text = place(&nodes, &req).unwrap_err().to_string();
+        assert!(
+            text.contains("a (kept), b (kept, on an offline node), c (kept, on an evicted node)"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -649,6 +649,7 @@ impl ClusterState {
                 holders,
             }),
             fenced: BTreeSet::new(),
+            replica_target: keep.len(),
         };
         self.next_volume_id += 1;
         self.volumes.insert(name, record.clone());

@@ -528,8 +528,20 @@ fn a_clone_is_placed_on_the_snapshots_nodes_in_their_pools() {
     );
     assert!(error.to_string().contains("being cloned"), "{error}");
     detach(&mut state);
-    let error = refused(&mut state, Command::DeleteVolume { name: vname("v") });
-    assert!(error.to_string().contains("being cloned"), "{error}");
+    // Not even with its snapshots: the clone still reads from them.
+    let error = refused(
+        &mut state,
+        Command::DeleteVolume {
+            name: vname("v"),
+            with_snapshots: true,
+        },
+    );
+    assert!(
+        matches!(error, CommandError::ClonesBeingMade { .. })
+            && error.to_string().contains("volume(s) c are being made")
+            && error.to_string().contains("trireme volume delete CLONE"),
+        "{error}"
+    );
     ready(&mut state, "c");
     ok(
         &mut state,
@@ -552,6 +564,63 @@ fn a_clone_is_placed_on_the_snapshots_nodes_in_their_pools() {
         matches!(error, CommandError::UnknownSnapshot { .. }),
         "{error}"
     );
+}
+
+#[test]
+fn a_volume_with_snapshots_is_deleted_only_when_the_request_says_so() {
+    let mut state = cluster(4);
+    attach(&mut state, 1);
+    take_attached(&mut state, "s1", &[1, 2, 3]);
+    take_attached(&mut state, "s2", &[1, 2, 3]);
+    ok(
+        &mut state,
+        Command::CloneVolume {
+            name: vname("c"),
+            source: vname("v"),
+            snapshot: sname("s1"),
+            group: None,
+            now_ms: T0 + 30,
+        },
+    );
+    ready(&mut state, "c");
+    detach(&mut state);
+    let delete = |with_snapshots| Command::DeleteVolume {
+        name: vname("v"),
+        with_snapshots,
+    };
+    let error = refused(&mut state, delete(false));
+    let text = error.to_string();
+    assert!(
+        matches!(error, CommandError::HasSnapshots { .. })
+            && text.contains("snapshot(s) s1, s2")
+            && text.contains("--with-snapshots")
+            && text.contains("Clones made from them (c) keep their data"),
+        "{text}"
+    );
+    // A snapshot being deleted no longer holds the volume back.
+    for name in ["s1", "s2"] {
+        ok(
+            &mut state,
+            Command::DeleteSnapshot {
+                volume: vname("v"),
+                name: sname(name),
+            },
+        );
+    }
+    assert!(volume(&state, "v")
+        .snapshots
+        .iter()
+        .all(|snapshot| snapshot.state == SnapshotState::Deleting));
+    ok(&mut state, delete(false));
+    assert!(volume(&state, "v").deleting);
+
+    // With the flag, the snapshots go with the volume.
+    let mut state = cluster(4);
+    attach(&mut state, 1);
+    take_attached(&mut state, "s1", &[1, 2, 3]);
+    detach(&mut state);
+    ok(&mut state, delete(true));
+    assert!(volume(&state, "v").deleting);
 }
 
 #[test]

@@ -430,7 +430,7 @@ fn a_volume_is_placed_on_distinct_nodes_with_pools() {
     assert_eq!(exists, CommandError::VolumeExists { name: "v1".into() });
     let zero = refused(&mut state, create_command("v3", 0));
     assert!(
-        matches!(&zero, CommandError::Invalid(text) if text.contains("v3")),
+        matches!(&zero, CommandError::InvalidSize { name, .. } if name == "v3"),
         "{zero:?}"
     );
     let unknown = refused(&mut state, create_with("v3", None, None, Some("nope")));
@@ -616,6 +616,7 @@ fn groups_are_validated_and_only_unused_ones_are_deleted() {
         &mut state,
         Command::DeleteVolume {
             name: vname("user"),
+            with_snapshots: false,
         },
     );
     for replica in record.diskful() {
@@ -694,7 +695,13 @@ fn growing_marks_diskful_replicas_pending_and_never_shrinks() {
         }
     );
 
-    apply_ok(&mut state, Command::DeleteVolume { name: vname("v") });
+    apply_ok(
+        &mut state,
+        Command::DeleteVolume {
+            name: vname("v"),
+            with_snapshots: false,
+        },
+    );
     let deleting = refused(
         &mut state,
         Command::GrowVolume {
@@ -709,7 +716,13 @@ fn growing_marks_diskful_replicas_pending_and_never_shrinks() {
 fn a_deleted_volume_goes_once_every_diskful_replica_is_removed() {
     let mut state = cluster(&["za", "zb", "zc"]);
     let record = created(apply_ok(&mut state, create_with("v", Some(2), None, None)));
-    apply_ok(&mut state, Command::DeleteVolume { name: vname("v") });
+    apply_ok(
+        &mut state,
+        Command::DeleteVolume {
+            name: vname("v"),
+            with_snapshots: false,
+        },
+    );
     let deleting = state.volumes[&vname("v")].clone();
     assert!(deleting.deleting);
     // The tiebreaker has no data to remove: it is dropped at once.
@@ -767,6 +780,7 @@ fn a_deleted_volume_goes_once_every_diskful_replica_is_removed() {
         &mut state,
         Command::DeleteVolume {
             name: vname("nope"),
+            with_snapshots: false,
         },
     );
     assert_eq!(
@@ -864,6 +878,7 @@ fn a_node_holding_the_last_ready_replica_cannot_be_removed() {
         &mut state,
         Command::DeleteVolume {
             name: vname("only"),
+            with_snapshots: false,
         },
     );
     apply_ok(&mut state, Command::RemoveNode { node: NodeId(2) });
@@ -1411,7 +1426,13 @@ fn attach_needs_a_live_volume_and_an_online_node() {
 
     // An attached volume is not deleted under its primary.
     apply_ok(&mut state, attach_command("v", 1, false));
-    let attached = refused(&mut state, Command::DeleteVolume { name: vname("v") });
+    let attached = refused(
+        &mut state,
+        Command::DeleteVolume {
+            name: vname("v"),
+            with_snapshots: false,
+        },
+    );
     assert_eq!(
         attached,
         CommandError::VolumeAttached {
@@ -1424,7 +1445,13 @@ fn attach_needs_a_live_volume_and_an_online_node() {
         "{attached}"
     );
     apply_ok(&mut state, detach_command("v", None));
-    apply_ok(&mut state, Command::DeleteVolume { name: vname("v") });
+    apply_ok(
+        &mut state,
+        Command::DeleteVolume {
+            name: vname("v"),
+            with_snapshots: false,
+        },
+    );
     assert_eq!(
         refused(&mut state, attach_command("v", 1, false)),
         CommandError::VolumeDeleting { name: "v".into() }
@@ -2082,7 +2109,15 @@ fn command(now: u64) -> impl Strategy<Value = Command> {
             }),
         2 => (volume.clone(), size)
             .prop_map(|(name, size_bytes)| Command::GrowVolume { name, size_bytes }),
-        2 => volume.clone().prop_map(|name| Command::DeleteVolume { name }),
+        2 => (volume.clone(), any::<bool>()).prop_map(|(name, with_snapshots)| {
+            Command::DeleteVolume {
+                name,
+                with_snapshots,
+            }
+        }),
+        1 => volume
+            .clone()
+            .prop_map(|name| Command::RestorePlacement { name }),
         4 => (volume.clone(), 1u64..6, node_id(), observed(), 0u64..GIB).prop_map(
             |(volume, volume_id, node, observed, allocated_bytes)| Command::ReportReplica {
                 volume,
@@ -2501,7 +2536,10 @@ fn resolve(state: &ClusterState, intent: &Intent) -> Command {
         Intent::Create { volume, replicas } => {
             create_with(VOLUMES[volume], Some(replicas), None, None)
         }
-        Intent::Delete { volume } => Command::DeleteVolume { name: name(volume) },
+        Intent::Delete { volume } => Command::DeleteVolume {
+            name: name(volume),
+            with_snapshots: false,
+        },
         Intent::ReportReady { volume } => {
             let replica = diskful(volume).into_iter().find(|node| {
                 record(volume)

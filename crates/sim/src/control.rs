@@ -66,6 +66,16 @@
 //!   bounded simulated time.
 //! - **Convergence**: after healing, every node reaches the same applied
 //!   index and an identical state, and no node stopped with a fatal error.
+//! - **Placements restored**: after healing, the simulator does what the
+//!   leader's loop does (a `RestorePlacement` for each volume the state
+//!   lists) until nothing is listed, then checks every volume against the
+//!   rules on their own terms: an even number of diskful replicas has a
+//!   tiebreaker on a node that is not evicted when a node could be one, an
+//!   odd number has none when dropping it keeps the quorum, and a volume
+//!   with fewer replicas than it should have, or one left on an evicted
+//!   node, has them placed where a node with a pool is free (for groups
+//!   without label, pool or class rules, and where an empty replica would
+//!   not cost the quorum).
 //!
 //! [`SimConfig::amnesia`] tests the checks themselves: crashes then also
 //! lose the node's database, which Raft cannot survive, and most runs fail.
@@ -96,10 +106,11 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
+use trireme_control::command::MAX_PLACE_COUNT;
 use trireme_control::raft::{self, ClientWriteError, Raft, StateReader, TypeConfig};
 use trireme_control::{
     ClusterSettings, ClusterState, Command, CommandError, NodeRegistration, NodeState, PoolRecord,
-    PoolReport, QuorumPolicy, ReplicaObserved, Reply, ResourceGroup, DEFAULT_GROUP,
+    PoolReport, QuorumPolicy, ReplicaKind, ReplicaObserved, Reply, ResourceGroup, DEFAULT_GROUP,
 };
 use trireme_types::{DeviceClass, GroupName, NodeId, NodeName, PoolName, VolumeName};
 
@@ -253,6 +264,9 @@ pub struct SimReport {
     pub messages_delayed: u64,
     /// Snapshot chunks delivered: lagging nodes caught up from a snapshot.
     pub snapshots_sent: u64,
+    /// Volumes whose lost tiebreaker or replicas were placed again after
+    /// healing, as the leader's loop does.
+    pub placements_restored: usize,
     pub sim_time_ms: u64,
 }
 
@@ -574,7 +588,7 @@ enum Key {
 /// The keys whose expectations a command could undo.
 fn touches(command: &Command) -> Vec<Key> {
     match command {
-        Command::CreateVolume { name, .. } | Command::DeleteVolume { name } => {
+        Command::CreateVolume { name, .. } | Command::DeleteVolume { name, .. } => {
             vec![Key::Volume(name.clone())]
         }
         Command::CreateGroup { group } => vec![Key::Group(group.name.clone())],
@@ -645,7 +659,7 @@ impl Check {
                     id: record.id,
                 },
             )],
-            (Command::DeleteVolume { name }, _) => {
+            (Command::DeleteVolume { name, .. }, _) => {
                 vec![(None, Check::VolumeGone { name: name.clone() })]
             }
             (Command::GrowVolume { name, size_bytes }, Reply::Volume(record)) => vec![(
@@ -1011,6 +1025,7 @@ impl Sim {
             messages_lost: 0,
             messages_delayed: 0,
             snapshots_sent: 0,
+            placements_restored: 0,
             sim_time_ms: 0,
         };
         Sim {
@@ -1632,7 +1647,10 @@ impl Sim {
                 }
             }
             30..=39 => match self.some_volume() {
-                Some((name, _)) => Command::DeleteVolume { name },
+                Some((name, _)) => Command::DeleteVolume {
+                    name,
+                    with_snapshots: false,
+                },
                 None => self.random_command(),
             },
             40..=46 => match self.some_volume() {
@@ -1861,6 +1879,55 @@ impl Sim {
 
     // --- settling ----------------------------------------------------------
 
+    /// What the leader's loop does once the cluster is healed: a
+    /// `RestorePlacement` for every volume the state lists, until it lists
+    /// none. Each round must change something, so a few rounds suffice.
+    async fn restore_placements(&mut self) -> Result<(), String> {
+        const ROUNDS: usize = 16;
+        let deadline = Instant::now() + LIVENESS_LIMIT;
+        let mut rounds = 0;
+        while rounds < ROUNDS {
+            let ids = self.ids();
+            let Some(leader) = self.leader_among(&ids) else {
+                if Instant::now() > deadline {
+                    return Err(self.failure(format!(
+                        "no leader within {LIVENESS_LIMIT:?} to restore placements"
+                    )));
+                }
+                sleep(Duration::from_millis(100)).await;
+                continue;
+            };
+            rounds += 1;
+            let names = self.live[&leader].reader.snapshot().placements_to_restore();
+            if names.is_empty() {
+                return Ok(());
+            }
+            for name in names {
+                let command = Command::RestorePlacement { name: name.clone() };
+                match self.must_write(command, true).await? {
+                    Ok(Reply::Volume(record)) => {
+                        self.report.placements_restored += 1;
+                        self.event(format!(
+                            "restored the placement of {name}: {:?}",
+                            record.placement()
+                        ));
+                    }
+                    Ok(reply) => self.event(format!(
+                        "restoring the placement of {name} changed nothing: {reply:?}"
+                    )),
+                    Err(error) => {
+                        return Err(self.failure(format!(
+                            "restoring the placement of {name} was refused: {error}"
+                        )))
+                    }
+                }
+            }
+        }
+        Err(self.failure(format!(
+            "placements were still to restore after {ROUNDS} rounds"
+        )))
+    }
+
     async fn settle(&mut self) -> Result<(), String> {
         {
             let mut net = self.router.lock();
@@ -1881,6 +1948,7 @@ impl Sim {
         if let Err(error) = self.must_write(barrier, true).await? {
             return Err(self.failure(format!("the barrier was refused: {error}")));
         }
+        self.restore_placements().await?;
 
         let ids = self.ids();
         let deadline = Instant::now() + LIVENESS_LIMIT;
@@ -1923,6 +1991,9 @@ impl Sim {
                 )));
             }
         }
+        if let Err(broken) = placements_restored(reference) {
+            return Err(self.failure(format!("after restoring placements: {broken}")));
+        }
         let final_applied = self.live[&1].reader.read().last_applied();
         let last_acked = lock(&self.oracle).acked.keys().next_back().copied();
         if let Some(last) = last_acked {
@@ -1961,6 +2032,93 @@ impl Sim {
     }
 }
 
+/// Checks that every volume of `state` has what the restoring rules say it
+/// should, with each rule derived here from the state itself (not from the
+/// function the leader uses), so a repair that stops early is caught.
+fn placements_restored(state: &ClusterState) -> Result<(), String> {
+    let usable = |node: &NodeId| {
+        state
+            .nodes
+            .get(node)
+            .is_some_and(|record| record.state == NodeState::Online)
+    };
+    let evicted = |node: &NodeId| {
+        state
+            .nodes
+            .get(node)
+            .is_some_and(|record| record.state == NodeState::Evicted)
+    };
+    for volume in state.volumes.values() {
+        if volume.deleting || volume.rollback.is_some() {
+            continue;
+        }
+        let name = &volume.name;
+        let diskful: Vec<NodeId> = volume.diskful().map(|replica| replica.node).collect();
+        let tiebreaker = volume
+            .replicas
+            .iter()
+            .find(|replica| replica.kind == ReplicaKind::Tiebreaker)
+            .map(|replica| replica.node);
+        let in_sync = diskful
+            .iter()
+            .filter(|node| volume.is_in_sync(**node))
+            .count();
+        let free: Vec<NodeId> = state
+            .nodes
+            .keys()
+            .filter(|node| usable(node) && !diskful.contains(node))
+            .copied()
+            .collect();
+        if diskful.len().is_multiple_of(2) {
+            let missing = tiebreaker.is_none_or(|node| evicted(&node));
+            if missing && !free.is_empty() {
+                return Err(format!(
+                    "volume {name} has {} diskful replicas and tiebreaker {tiebreaker:?}, though nodes {free:?} could be its tiebreaker",
+                    diskful.len()
+                ));
+            }
+        } else if tiebreaker.is_some() && in_sync > diskful.len() / 2 {
+            return Err(format!(
+                "volume {name} has {} diskful replicas and still a tiebreaker ({tiebreaker:?})",
+                diskful.len()
+            ));
+        }
+        let group = state.groups.get(&volume.group);
+        let unconstrained = group.is_some_and(|group| {
+            group.replicas_on_different.is_empty()
+                && group.pools.is_empty()
+                && group.class.is_none()
+        });
+        let with_pool: Vec<NodeId> = free
+            .iter()
+            .filter(|node| state.nodes[*node].pools.values().any(|pool| pool.online))
+            .copied()
+            .collect();
+        // An empty replica does not count for the quorum: only where the
+        // up-to-date ones stay a majority without it (tiebreakers aside).
+        let short = diskful.len() < volume.replica_target.min(MAX_PLACE_COUNT)
+            && in_sync > diskful.len().div_ceil(2);
+        let in_sync_kept = diskful
+            .iter()
+            .filter(|node| volume.is_in_sync(**node) && !evicted(node))
+            .count();
+        let stranded = diskful.iter().any(&evicted)
+            && in_sync_kept > diskful.len() / 2
+            && volume.diskful().any(|replica| {
+                !evicted(&replica.node)
+                    && volume.is_in_sync(replica.node)
+                    && replica.observed == ReplicaObserved::Ready
+            });
+        if unconstrained && !with_pool.is_empty() && (short || stranded) {
+            return Err(format!(
+                "volume {name} has diskful replicas on {diskful:?} (target {}, evicted ones stranded: {stranded}), though nodes {with_pool:?} have pools",
+                volume.replica_target
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A short description of a command for the event log.
 fn describe(command: &Command) -> String {
     match command {
@@ -1975,7 +2133,10 @@ fn describe(command: &Command) -> String {
             "create {name} ({} GiB, group {group:?}, replicas {replicas:?}, nodes {nodes:?})",
             size_bytes / GIB
         ),
-        Command::DeleteVolume { name } => format!("delete {name}"),
+        Command::DeleteVolume {
+            name,
+            with_snapshots,
+        } => format!("delete {name} (with snapshots: {with_snapshots})"),
         Command::GrowVolume { name, size_bytes } => {
             format!("grow {name} to {} GiB", size_bytes / GIB)
         }
@@ -2048,6 +2209,7 @@ fn describe(command: &Command) -> String {
         Command::RemoveReplica { name, node } => {
             format!("remove the replica of {name} on node {node}")
         }
+        Command::RestorePlacement { name } => format!("restore the placement of {name}"),
         Command::CreateSnapshot { volume, name, .. } => format!("snapshot {volume}@{name}"),
         Command::ReportSnapshot {
             volume,

@@ -85,6 +85,7 @@ fn control_plane_keeps_raft_safety_under_faults() {
     let mut probes = 0;
     let mut crashes = 0;
     let mut snapshots = 0;
+    let mut restored = 0;
     for result in results {
         match result {
             Ok(report) => {
@@ -92,6 +93,7 @@ fn control_plane_keeps_raft_safety_under_faults() {
                 probes += report.minority_probes;
                 crashes += report.crashes;
                 snapshots += report.snapshots_sent;
+                restored += report.placements_restored;
                 if trace {
                     eprintln!("{report:#?}");
                 }
@@ -100,7 +102,7 @@ fn control_plane_keeps_raft_safety_under_faults() {
         }
     }
     eprintln!(
-        "{count} seeds in {:.1} s: {acknowledged} acknowledged writes, {crashes} crashes, {probes} minority probes, {snapshots} snapshots sent, {} failed",
+        "{count} seeds in {:.1} s: {acknowledged} acknowledged writes, {crashes} crashes, {probes} minority probes, {snapshots} snapshots sent, {restored} placements restored, {} failed",
         started.elapsed().as_secs_f64(),
         failures.len()
     );
@@ -121,6 +123,7 @@ fn control_plane_keeps_raft_safety_under_faults() {
         assert!(probes > 0, "no minority probe ran");
         assert!(crashes > 0, "no node crashed");
         assert!(snapshots > 0, "no lagging node caught up from a snapshot");
+        assert!(restored > 0, "no volume had a placement to restore");
     }
 }
 

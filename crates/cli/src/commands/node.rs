@@ -4,6 +4,7 @@
 use anyhow::{Context, Result};
 use trireme_node::api::model::{
     NodeDetail, NodeEntry, NodeLabelsBody, NodeResponse, StatusResponse, VolumeResponse,
+    VolumeState,
 };
 use trireme_node::cluster::ClusterConfig;
 use trireme_node::DaemonConfig;
@@ -174,7 +175,7 @@ fn remove(client: &Client, name: &NodeName, json: bool) -> Result<()> {
             volumes
                 .into_iter()
                 .filter(|volume| {
-                    volume.state != "deleting"
+                    volume.state != VolumeState::Deleting
                         && volume
                             .replicas
                             .iter()

@@ -256,8 +256,16 @@ pub fn run(command: VolumeCommand, format: OutputFormat, client: &Client) -> Res
                 }
             }
         }
-        VolumeCommand::Delete { name } => {
-            let answer = client.delete(&format!("/volumes/{name}"))?;
+        VolumeCommand::Delete {
+            name,
+            with_snapshots,
+        } => {
+            let query = if with_snapshots {
+                "?with_snapshots=true"
+            } else {
+                ""
+            };
+            let answer = client.delete(&format!("/volumes/{name}{query}"))?;
             if json {
                 output::print_json(&answer);
             } else if answer.accepted() {

@@ -7,8 +7,8 @@ use axum::http::StatusCode;
 use axum::Json;
 use std::collections::BTreeSet;
 use trireme_control::{
-    ClusterState, Command, NodeState, PoolRecord, QuorumPolicy, ReplicaObserved, ResourceGroup,
-    VolumeRecord,
+    ClusterState, Command, NodeState, PoolRecord, QuorumPolicy, ReplicaKind, ReplicaObserved,
+    ResourceGroup, VolumeRecord,
 };
 use trireme_types::{format_size, DeviceClass, GroupName, NodeName, PoolName};
 
@@ -352,6 +352,7 @@ fn resync_warnings(volume: &VolumeRecord, state: &ClusterState, now_ms: u64) -> 
                     .nodes
                     .get(&replica.node)
                     .is_some_and(|record| record.state != NodeState::Online),
+                room: state.replica_room(volume),
             };
             match &replica.sync {
                 Some(progress) => {
@@ -376,6 +377,8 @@ struct Behind<'a> {
     /// Its pool, as the node last reported it.
     pool: Option<(&'a PoolName, &'a PoolRecord)>,
     node_offline: bool,
+    /// Whether another online node could take a replica of the volume.
+    room: bool,
 }
 
 impl Behind<'_> {
@@ -397,6 +400,9 @@ impl Behind<'_> {
 
     fn move_hint(&self) -> String {
         let (volume, node) = (&self.volume.name, &self.node);
+        if !self.room {
+            return "add a node: no other online node can take a replica of it now".to_string();
+        }
         format!(
             "move the replica (`trireme volume replica add {volume}`, then `trireme volume replica remove {volume} --node {node}`)"
         )
@@ -482,6 +488,9 @@ impl Behind<'_> {
             }
         }
         let action = match (self.primaries.is_empty(), self.node_offline) {
+            (_, true) if !self.room => format!(
+                "start {node} again (no other online node can take a replica of it now)"
+            ),
             (_, true) => format!(
                 "start {node} again, or replace the replica (`trireme volume replica add {volume}`, then `trireme volume replica remove {volume} --node {node}`)"
             ),
@@ -502,6 +511,91 @@ impl Behind<'_> {
             }
         )
     }
+}
+
+/// What an evicted node still holds: eviction places a node's replicas
+/// elsewhere only where another node can take them.
+fn evicted_warning(node: &trireme_control::NodeRecord, state: &ClusterState) -> String {
+    let stuck: Vec<String> = state
+        .volumes_on(node.id)
+        .filter(|volume| !volume.deleting && volume.is_diskful_on(node.id))
+        .map(|volume| volume.name.to_string())
+        .collect();
+    let name = &node.name;
+    if stuck.is_empty() {
+        return format!(
+            "node {name} was evicted and its replicas were placed on other nodes: remove it with `trireme node remove {name}`, or start it again (it returns holding none of them)"
+        );
+    }
+    format!(
+        "node {name} was evicted, but volume(s) {} still have a replica on it: no other online node could take them. Add a node (the leader places them there), or start {name} again (its copies come back with it)",
+        stuck.join(", ")
+    )
+}
+
+/// `n1, n2 (outdated), n4 (tiebreaker, offline)`: a volume's voters and
+/// why each that does not count for a write does not.
+fn voters_text(volume: &VolumeRecord, state: &ClusterState) -> String {
+    volume
+        .replicas
+        .iter()
+        .filter(|replica| replica.kind != ReplicaKind::Diskless)
+        .map(|replica| {
+            let mut notes = Vec::new();
+            if replica.kind == ReplicaKind::Tiebreaker {
+                notes.push("tiebreaker");
+            } else if !volume.is_in_sync(replica.node) {
+                notes.push(if replica.sync.is_some() {
+                    "syncing"
+                } else {
+                    "outdated"
+                });
+            }
+            let online = state
+                .nodes
+                .get(&replica.node)
+                .is_some_and(|node| node.state == NodeState::Online);
+            if !online {
+                notes.push("offline");
+            }
+            let name = state.node_name(replica.node);
+            if notes.is_empty() {
+                name
+            } else {
+                format!("{name} ({})", notes.join(", "))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A warning when `volume` has no quorum, or would lose it with one more
+/// voter: the data path then fails its writes (docs/replication.md, rule 3).
+fn quorum_warning(volume: &VolumeRecord, state: &ClusterState) -> Option<String> {
+    let count = state.quorum_count(volume);
+    let name = &volume.name;
+    let standing = format!(
+        "{} of its {} voters are up to date and online ({}) and a write needs {}",
+        count.up_to_date,
+        count.voters,
+        voters_text(volume, state),
+        count.majority
+    );
+    let placement = volume.placement();
+    let no_tiebreaker = placement.diskful.len().is_multiple_of(2) && placement.tiebreaker.is_none();
+    let tiebreaker_hint = if no_tiebreaker {
+        "; it has no tiebreaker: the leader gives it one as soon as a node without a replica of it is online (add a node)"
+    } else {
+        ""
+    };
+    if !count.has_quorum() {
+        return Some(format!(
+            "volume {name} has no quorum: {standing}. Its writes fail (or wait, with on-no-quorum suspend) until enough voters are back: start the offline nodes again; an outdated replica counts again once it is resynced{tiebreaker_hint}"
+        ));
+    }
+    count.one_failure_from_losing_it().then(|| {
+        format!("volume {name} is one failure from losing its quorum: {standing}{tiebreaker_hint}")
+    })
 }
 
 #[utoipa::path(get, path = "/api/v1/status", tag = "cluster",
@@ -531,10 +625,7 @@ pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
             }
             NodeState::Evicted => {
                 nodes.evicted += 1;
-                warnings.push(format!(
-                    "node {} was evicted (its replicas were placed elsewhere): remove it with `trireme node remove {}`, or start it again",
-                    node.name, node.name
-                ));
+                warnings.push(evicted_warning(node, &cluster_state));
             }
         }
         for (name, pool) in &node.pools {
@@ -579,15 +670,8 @@ pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
     let mut volumes = VolumeCounts::default();
     let mut provisioned = 0;
     for volume in cluster_state.volumes.values() {
-        volumes.total += 1;
         provisioned += volume.size_bytes;
-        match volume_state(volume, &cluster_state) {
-            "ready" => volumes.ready += 1,
-            "creating" => volumes.creating += 1,
-            "degraded" => volumes.degraded += 1,
-            "failed" => volumes.failed += 1,
-            _ => volumes.deleting += 1,
-        }
+        volumes.count(volume_state(volume, &cluster_state));
         for replica in volume.diskful() {
             if let ReplicaObserved::Failed(message) = &replica.observed {
                 warnings.push(format!(
@@ -597,23 +681,24 @@ pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
                 ));
             }
         }
+        if volume.deleting {
+            continue;
+        }
         let diskful = volume.diskful().count();
         let wanted = cluster_state
             .groups
             .get(&volume.group)
             .map(|group| group.place_count)
             .unwrap_or(diskful);
-        let with_pools = cluster_state
-            .nodes
-            .values()
-            .filter(|node| node.state == NodeState::Online && !node.pools.is_empty())
-            .count();
-        if diskful < wanted && with_pools > diskful && !volume.deleting {
+        // Only where `replica add` would succeed: an offline or evicted
+        // node cannot take a replica.
+        if diskful < wanted && cluster_state.replica_room(volume) {
             warnings.push(format!(
-                "volume {} has {diskful} of {wanted} replicas though {with_pools} nodes have pools: add one with `trireme volume replica add {}`",
+                "volume {} has {diskful} of {wanted} replicas and an online node could take another: add one with `trireme volume replica add {}`",
                 volume.name, volume.name
             ));
         }
+        warnings.extend(quorum_warning(volume, &cluster_state));
         if !volume.deleting {
             warnings.extend(resync_warnings(volume, &cluster_state, now_ms));
         }
@@ -697,6 +782,46 @@ mod tests {
         state
     }
 
+    fn pool_report(free_bytes: u64) -> Vec<PoolReport> {
+        vec![PoolReport {
+            name: PoolName::new("default").unwrap(),
+            record: PoolRecord {
+                class: DeviceClass::Ssd,
+                capacity_bytes: 64 * GIB,
+                free_bytes,
+                online: true,
+                reported_ms: 0,
+            },
+        }]
+    }
+
+    /// Node `name`, online, with a 64 GiB pool; its id.
+    fn add_node_with_pool(state: &mut ClusterState, name: &str) -> NodeId {
+        let reply = state
+            .apply(Command::AddNode {
+                node: trireme_control::NodeRegistration {
+                    name: NodeName::new(name).unwrap(),
+                    api_address: "127.0.0.1:9".into(),
+                    nbd_address: None,
+                    data_address: None,
+                    labels: Default::default(),
+                },
+                nonce: name.into(),
+                now_ms: 0,
+            })
+            .unwrap();
+        let trireme_control::Reply::NodeAdded { node } = reply else {
+            panic!("{reply:?}");
+        };
+        state
+            .apply(Command::ReportPools {
+                node,
+                pools: pool_report(64 * GIB),
+            })
+            .unwrap();
+        node
+    }
+
     fn set_free(state: &mut ClusterState, node: NodeId, free_bytes: u64) {
         let node = state.nodes.get_mut(&node).unwrap();
         node.pools.values_mut().next().unwrap().free_bytes = free_bytes;
@@ -709,6 +834,97 @@ mod tests {
             .iter_mut()
             .find(|replica| replica.node == NodeId(2))
             .unwrap()
+    }
+
+    #[test]
+    fn quorum_warnings_say_how_far_a_volume_is_from_losing_writes() {
+        // Two replicas and no tiebreaker (two nodes), b outdated: the
+        // issue's `n2,n1(outdated)` with its tiebreaker lost.
+        let mut state = outdated_replica_on_b();
+        let volume_warning =
+            |state: &ClusterState| quorum_warning(state.volumes.values().next().unwrap(), state);
+        let text = volume_warning(&state).expect("a warning");
+        assert!(
+            text.starts_with("volume v has no quorum: 1 of its 2 voters are up to date and online (a, b (outdated)) and a write needs 2")
+                && text.contains("it has no tiebreaker"),
+            "{text}"
+        );
+        // A third node: the leader's restore gives it a tiebreaker, and
+        // quorum is back, with nothing to spare.
+        add_node_with_pool(&mut state, "c");
+        let name = VolumeName::new("v").unwrap();
+        state
+            .apply(Command::RestorePlacement { name: name.clone() })
+            .unwrap();
+        let text = volume_warning(&state).expect("a warning");
+        assert!(
+            text.starts_with("volume v is one failure from losing its quorum: 2 of its 3 voters")
+                && text.contains("c (tiebreaker)")
+                && !text.contains("no tiebreaker"),
+            "{text}"
+        );
+        state
+            .volumes
+            .get_mut(&name)
+            .unwrap()
+            .in_sync
+            .insert(NodeId(2));
+        assert_eq!(volume_warning(&state), None);
+    }
+
+    #[test]
+    fn an_evicted_nodes_warning_says_what_is_still_on_it() {
+        let mut state = outdated_replica_on_b();
+        let name = VolumeName::new("v").unwrap();
+        let volume = state.volumes.get_mut(&name).unwrap();
+        volume.in_sync.insert(NodeId(2));
+        for replica in &mut volume.replicas {
+            replica.observed = ReplicaObserved::Ready;
+        }
+        state
+            .apply(Command::SetNodeState {
+                node: NodeId(2),
+                state: NodeState::Offline,
+                now_ms: 0,
+            })
+            .unwrap();
+        state
+            .apply(Command::EvictNode {
+                node: NodeId(2),
+                now_ms: 0,
+            })
+            .unwrap();
+        let b = state.nodes[&NodeId(2)].clone();
+        let text = evicted_warning(&b, &state);
+        assert!(
+            text.contains("node b was evicted, but volume(s) v still have a replica on it")
+                && !text.contains("placed on other nodes"),
+            "{text}"
+        );
+        // What `status` suggests for the replica left there must work:
+        // no `replica add` while no online node can take one.
+        let warnings = resync_warnings(&state.volumes[&name], &state, 0);
+        assert!(
+            warnings.iter().all(|text| !text.contains("replica add")),
+            "{warnings:?}"
+        );
+        // One new node is not enough to move it: an empty replica there
+        // and none on b would leave one up-to-date voter of two. It
+        // becomes the tiebreaker; with a second node, the leader's
+        // restore moves the replica.
+        add_node_with_pool(&mut state, "c");
+        state
+            .apply(Command::RestorePlacement { name: name.clone() })
+            .unwrap();
+        assert!(state.volumes[&name].is_diskful_on(NodeId(2)));
+        assert!(evicted_warning(&b, &state).contains("still have a replica on it"));
+        add_node_with_pool(&mut state, "d");
+        state.apply(Command::RestorePlacement { name }).unwrap();
+        let text = evicted_warning(&b, &state);
+        assert!(
+            text.contains("its replicas were placed on other nodes"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -725,6 +941,15 @@ mod tests {
             NodeId(2),
             64 * GIB / FREE_BYTES_REPORT_SHARE - 1,
         );
+        let [text] = warnings(&state).try_into().unwrap();
+        // Two nodes, both holding a replica: nowhere to move it.
+        assert!(
+            text.contains("the replica on b is outdated and its pool default is full")
+                && text.contains("add a node: no other online node can take a replica")
+                && !text.contains("replica add"),
+            "{text}"
+        );
+        add_node_with_pool(&mut state, "c");
         let [text] = warnings(&state).try_into().unwrap();
         assert!(
             text.contains("the replica on b is outdated and its pool default is full")

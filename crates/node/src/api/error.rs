@@ -125,6 +125,9 @@ impl From<crate::cluster::ClusterError> for ApiError {
                 CommandError::LastSnapshotCopy { .. } => {
                     (StatusCode::CONFLICT, "last_snapshot_copy")
                 }
+                CommandError::InvalidSize { .. } => (StatusCode::BAD_REQUEST, "invalid_size"),
+                CommandError::HasSnapshots { .. } => (StatusCode::CONFLICT, "has_snapshots"),
+                CommandError::ClonesBeingMade { .. } => (StatusCode::CONFLICT, "clones_being_made"),
                 CommandError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
                 CommandError::NotBootstrapped | CommandError::AlreadyBootstrapped { .. } => {
                     (StatusCode::SERVICE_UNAVAILABLE, "cluster_not_ready")

@@ -279,9 +279,7 @@ pub struct VolumeResponse {
     /// Where NBD clients reach it, e.g. `nbd://127.0.0.1:10809/NAME`.
     pub nbd_url: Option<String>,
     pub group: String,
-    /// `creating`, `ready`, `degraded` (fewer ready replicas than placed,
-    /// or than the place-count), `failed` or `deleting`.
-    pub state: String,
+    pub state: VolumeState,
     pub replicas: Vec<ReplicaResponse>,
     /// The volume's data-history id: moves forward at each attach with no
     /// other primary and at each restart of a primary's engine.
@@ -290,6 +288,71 @@ pub struct VolumeResponse {
     /// The nodes where the volume is attached (at most two).
     #[serde(default)]
     pub primaries: Vec<String>,
+}
+
+/// A volume's state, the same word in `volume list`, `volume show`,
+/// `status` and here. Worst first when several apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum VolumeState {
+    /// Its nodes remove their copies; it goes once all have.
+    Deleting,
+    /// Every diskful replica failed (the replicas' messages say why).
+    Failed,
+    /// Fewer up-to-date voters (in-sync diskful replicas and the
+    /// tiebreaker, on online nodes) than a majority: writes fail with EIO
+    /// (or wait, with `on-no-quorum suspend`) until one comes back.
+    NoQuorum,
+    /// Replicas are being made on their nodes (a create or a grow).
+    Creating,
+    /// A replica that is not up to date is being resynced.
+    Syncing,
+    /// Fewer up-to-date copies than placed: a replica is outdated, failed,
+    /// on a node that is not online, or lost with its node and not placed
+    /// again yet.
+    Degraded,
+    /// Every placed replica is made, up to date and on an online node.
+    Ready,
+}
+
+impl VolumeState {
+    pub fn as_str(self) -> &'static str {
+        self.into_health().as_str()
+    }
+
+    fn into_health(self) -> trireme_control::VolumeHealth {
+        use trireme_control::VolumeHealth as Health;
+        match self {
+            VolumeState::Deleting => Health::Deleting,
+            VolumeState::Failed => Health::Failed,
+            VolumeState::NoQuorum => Health::NoQuorum,
+            VolumeState::Creating => Health::Creating,
+            VolumeState::Syncing => Health::Syncing,
+            VolumeState::Degraded => Health::Degraded,
+            VolumeState::Ready => Health::Ready,
+        }
+    }
+}
+
+impl From<trireme_control::VolumeHealth> for VolumeState {
+    fn from(health: trireme_control::VolumeHealth) -> Self {
+        use trireme_control::VolumeHealth as Health;
+        match health {
+            Health::Deleting => VolumeState::Deleting,
+            Health::Failed => VolumeState::Failed,
+            Health::NoQuorum => VolumeState::NoQuorum,
+            Health::Creating => VolumeState::Creating,
+            Health::Syncing => VolumeState::Syncing,
+            Health::Degraded => VolumeState::Degraded,
+            Health::Ready => VolumeState::Ready,
+        }
+    }
+}
+
+impl std::fmt::Display for VolumeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -412,14 +475,47 @@ pub struct CountBy {
     pub evicted: usize,
 }
 
+/// How many volumes are in each [`VolumeState`].
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct VolumeCounts {
     pub total: usize,
     pub ready: usize,
     pub creating: usize,
+    #[serde(default)]
+    pub syncing: usize,
     pub degraded: usize,
+    #[serde(default)]
+    pub no_quorum: usize,
     pub failed: usize,
     pub deleting: usize,
+}
+
+impl VolumeCounts {
+    pub fn count(&mut self, state: VolumeState) {
+        self.total += 1;
+        *match state {
+            VolumeState::Ready => &mut self.ready,
+            VolumeState::Creating => &mut self.creating,
+            VolumeState::Syncing => &mut self.syncing,
+            VolumeState::Degraded => &mut self.degraded,
+            VolumeState::NoQuorum => &mut self.no_quorum,
+            VolumeState::Failed => &mut self.failed,
+            VolumeState::Deleting => &mut self.deleting,
+        } += 1;
+    }
+
+    /// `(count, state)` for each state, worst first.
+    pub fn by_state(&self) -> [(usize, VolumeState); 7] {
+        [
+            (self.no_quorum, VolumeState::NoQuorum),
+            (self.failed, VolumeState::Failed),
+            (self.degraded, VolumeState::Degraded),
+            (self.syncing, VolumeState::Syncing),
+            (self.creating, VolumeState::Creating),
+            (self.ready, VolumeState::Ready),
+            (self.deleting, VolumeState::Deleting),
+        ]
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -124,13 +124,20 @@ async fn volume_sizes_are_checked() {
         "invalid_size",
         "multiple of 4096",
     );
-    let largest = create(r#"{"name":"a","size_bytes":18446744073709551615}"#).await;
-    assert_error(
-        &largest,
-        StatusCode::BAD_REQUEST,
-        "invalid_size",
-        "multiple of 4096",
-    );
+    for size_bytes in [
+        "18446744073709551615",
+        "9223372036854775808",
+        "2251799813685248",
+    ] {
+        let body = format!(r#"{{"name":"a","size_bytes":{size_bytes}}}"#);
+        let largest = call("POST", "/api/v1/volumes", Some(&body)).await;
+        assert_error(
+            &largest,
+            StatusCode::BAD_REQUEST,
+            "invalid_size",
+            "larger than the largest volume, 1125899906842624 bytes (1 PiB)",
+        );
+    }
     let negative = create(r#"{"name":"a","size_bytes":-1}"#).await;
     assert_error(
         &negative,
@@ -545,4 +552,114 @@ async fn replicas_are_added_and_removed_through_the_api() {
         "last_in_sync",
         "last up-to-date replica",
     );
+}
+
+#[tokio::test]
+async fn a_grow_past_the_largest_volume_changes_nothing() {
+    let node = three_nodes_and_a_volume().await;
+    let (_, before) = node.call("GET", "/api/v1/volumes/v", None).await;
+    for size_bytes in ["9223372036854775808", "2251799813685248"] {
+        let body = format!(r#"{{"size_bytes":{size_bytes}}}"#);
+        let grow = node
+            .call("POST", "/api/v1/volumes/v/grow", Some(&body))
+            .await;
+        assert_error(
+            &grow,
+            StatusCode::BAD_REQUEST,
+            "invalid_size",
+            "larger than the largest volume, 1125899906842624 bytes (1 PiB)",
+        );
+    }
+    let (_, after) = node.call("GET", "/api/v1/volumes/v", None).await;
+    assert_eq!(before, after);
+    // The state machine refuses it too, whoever proposes it.
+    let refused = node
+        .cluster
+        .write(trireme_control::Command::GrowVolume {
+            name: trireme_types::VolumeName::new("v").unwrap(),
+            size_bytes: 1 << 63,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("larger than the largest volume"),
+        "{refused}"
+    );
+}
+
+#[tokio::test]
+async fn a_volume_with_snapshots_is_deleted_only_when_asked() {
+    use trireme_control::{Command, Reply};
+    use trireme_types::{NodeId, SnapshotName, VolumeName};
+    let node = three_nodes_and_a_volume().await;
+    let name = VolumeName::new("v").unwrap();
+    node.write(Command::AttachVolume {
+        name: name.clone(),
+        node: NodeId(1),
+        allow_two_primaries: false,
+        now_ms: 1,
+    })
+    .await;
+    let Reply::Snapshot(snapshot) = node
+        .write(Command::CreateSnapshot {
+            volume: name.clone(),
+            name: SnapshotName::new("s1").unwrap(),
+            scheduled: false,
+            now_ms: 2,
+        })
+        .await
+    else {
+        panic!("a snapshot");
+    };
+    node.write(Command::ReportSnapshot {
+        volume: name.clone(),
+        id: snapshot.id,
+        from: NodeId(1),
+        holders: [NodeId(1), NodeId(2)].into(),
+        error: None,
+    })
+    .await;
+    node.write(Command::DetachVolume {
+        name: name.clone(),
+        node: None,
+    })
+    .await;
+
+    let plain = node.call("DELETE", "/api/v1/volumes/v", None).await;
+    assert_error(
+        &plain,
+        StatusCode::CONFLICT,
+        "has_snapshots",
+        "snapshot(s) s1",
+    );
+    assert_error(
+        &plain,
+        StatusCode::CONFLICT,
+        "has_snapshots",
+        "--with-snapshots",
+    );
+    let typo = node
+        .call("DELETE", "/api/v1/volumes/v?with_snapshot=true", None)
+        .await;
+    assert_error(
+        &typo,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        "with_snapshots=true",
+    );
+    let (status, _) = node
+        .call("DELETE", "/api/v1/volumes/v?with_snapshots=false", None)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (status, body) = node
+        .call("DELETE", "/api/v1/volumes/v?with_snapshots=true", None)
+        .await;
+    // No agent runs here to remove the copies: deleting, not gone.
+    assert!(
+        [StatusCode::ACCEPTED, StatusCode::NO_CONTENT].contains(&status),
+        "{status} {body}"
+    );
+    assert!(node.cluster.state.read().volumes[&name].deleting);
 }

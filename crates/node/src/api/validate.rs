@@ -2,7 +2,7 @@
 //! Each error names the field, what was wrong and what to send instead.
 
 use std::path::PathBuf;
-use trireme_types::{DeviceClass, PoolName, VolumeName, BLOCK_SIZE};
+use trireme_types::{check_volume_size, DeviceClass, PoolName, VolumeName, VOLUME_MAX_BYTES};
 
 use super::model::{CreatePoolRequest, CreateVolumeRequest};
 use crate::node::NewPool;
@@ -18,23 +18,36 @@ pub fn pool_name(name: &str) -> Result<PoolName, NodeError> {
     Ok(PoolName::new(name)?)
 }
 
-/// A volume size: positive and a whole number of 4 KiB blocks.
+/// A volume size for a create or a grow: positive, at most the largest
+/// volume, a whole number of 4 KiB blocks. The control plane checks it
+/// again with the same function, so the two give the same words.
 pub fn volume_size(size_bytes: u64) -> Result<u64, NodeError> {
-    if size_bytes == 0 {
-        return Err(NodeError::InvalidSize(
-            "size_bytes must be greater than 0".to_string(),
-        ));
-    }
-    if !size_bytes.is_multiple_of(BLOCK_SIZE) {
-        let advice = match size_bytes.div_ceil(BLOCK_SIZE).checked_mul(BLOCK_SIZE) {
-            Some(rounded_up) => format!("round it up to {rounded_up}"),
-            None => format!("round it down to {}", size_bytes / BLOCK_SIZE * BLOCK_SIZE),
+    check_volume_size(size_bytes).map_err(|error| NodeError::InvalidSize(error.to_string()))
+}
+
+// The API, the control plane and the store refuse the same sizes.
+const _: () = assert!(VOLUME_MAX_BYTES == trireme_store::pool::VOLUME_MAX_BYTES);
+
+/// The query of a volume delete: nothing, or `with_snapshots=true` /
+/// `with_snapshots=false`.
+pub fn with_snapshots(query: Option<&str>) -> Result<bool, NodeError> {
+    let mut with_snapshots = false;
+    for pair in query
+        .unwrap_or("")
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+    {
+        with_snapshots = match pair.split_once('=') {
+            Some(("with_snapshots", "true" | "1")) => true,
+            Some(("with_snapshots", "false" | "0")) => false,
+            _ => {
+                return Err(NodeError::InvalidRequest(format!(
+                    "query '{pair}' is not understood: a delete takes only with_snapshots=true or with_snapshots=false"
+                )))
+            }
         };
-        return Err(NodeError::InvalidSize(format!(
-            "size_bytes {size_bytes} is not a multiple of {BLOCK_SIZE} (4 KiB): {advice}"
-        )));
     }
-    Ok(size_bytes)
+    Ok(with_snapshots)
 }
 
 pub fn new_volume(

@@ -6,7 +6,7 @@
 //! data path acts on them, and resyncs show in the volume's replicas).
 //! Reads come from this node's copy of the cluster state.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::Json;
 use std::time::Duration;
@@ -19,7 +19,7 @@ use trireme_types::{GroupName, NodeId, NodeName, VolumeName};
 use super::model::{
     AddReplicaRequest, AttachRequest, AttachResponse, CreateVolumeRequest, DetachRequest,
     ErrorBody, FencedPrimaryResponse, GrowVolumeRequest, ReplicaResponse, SyncResponse,
-    VolumeResponse,
+    VolumeResponse, VolumeState,
 };
 use super::{blocking, validate, ApiError, ApiJson, ApiState};
 use crate::cluster::internal::LastHeard;
@@ -36,30 +36,9 @@ fn node_online(state: &ClusterState, node: trireme_types::NodeId) -> bool {
         .is_some_and(|node| node.state == NodeState::Online)
 }
 
-/// `creating`, `ready`, `degraded`, `failed` or `deleting`.
-pub fn volume_state(volume: &VolumeRecord, state: &ClusterState) -> &'static str {
-    if volume.deleting {
-        return "deleting";
-    }
-    let diskful: Vec<_> = volume.diskful().collect();
-    let ready = diskful
-        .iter()
-        .filter(|replica| replica.observed == ReplicaObserved::Ready)
-        .filter(|replica| node_online(state, replica.node))
-        .count();
-    let failed = diskful
-        .iter()
-        .any(|replica| matches!(replica.observed, ReplicaObserved::Failed(_)));
-    // A replica pending on an offline node will not be made soon.
-    let pending = diskful.iter().any(|replica| {
-        replica.observed == ReplicaObserved::Pending && node_online(state, replica.node)
-    });
-    match () {
-        _ if ready == 0 && failed => "failed",
-        _ if pending && !failed => "creating",
-        _ if ready < diskful.len() => "degraded",
-        _ => "ready",
-    }
+/// The volume's state, as every command and answer shows it.
+pub fn volume_state(volume: &VolumeRecord, state: &ClusterState) -> VolumeState {
+    state.volume_health(volume).into()
 }
 
 /// A resync's progress as the API shows it, with its percentage and the
@@ -240,7 +219,7 @@ impl ApiState {
             checksum_errors: local.as_ref().map(|info| info.checksum_errors).unwrap_or(0),
             nbd_url,
             group: record.group.to_string(),
-            state: volume_state(record, &state).to_string(),
+            state: volume_state(record, &state),
             replicas: record
                 .replicas
                 .iter()
@@ -421,7 +400,10 @@ pub async fn create_volume(
         // Nothing was made anywhere: take the record back, say why.
         let _ = state
             .cluster
-            .write(Command::DeleteVolume { name: name.clone() })
+            .write(Command::DeleteVolume {
+                name: name.clone(),
+                with_snapshots: false,
+            })
             .await;
         let message = format!(
             "volume '{name}' could not be created: {}",
@@ -460,20 +442,29 @@ pub async fn show_volume(
 }
 
 #[utoipa::path(delete, path = "/api/v1/volumes/{name}", tag = "volumes",
-    params(("name" = String, Path, description = "Volume name")),
+    params(
+        ("name" = String, Path, description = "Volume name"),
+        ("with_snapshots" = Option<bool>, Query, description = "Delete the volume's snapshots with it; without it a volume with snapshots is refused (409) [default: false]")),
     responses(
         (status = 204, description = "Volume deleted on every node; connected NBD clients get errors from now on"),
         (status = 202, description = "Deleting: a node holding a replica has not removed it yet (offline?)"),
-        (status = 404, description = "No such volume", body = ErrorBody)))]
+        (status = 400, description = "A query parameter other than with_snapshots=true|false", body = ErrorBody),
+        (status = 404, description = "No such volume", body = ErrorBody),
+        (status = 409, description = "Attached, has snapshots (and with_snapshots is not true), or clones are being made from its snapshots; the message names them", body = ErrorBody)))]
 pub async fn delete_volume(
     State(state): State<ApiState>,
     Path(name): Path<String>,
+    RawQuery(query): RawQuery,
 ) -> Result<StatusCode, ApiError> {
     let name = validate::volume_name(&name)?;
+    let with_snapshots = validate::with_snapshots(query.as_deref())?;
     let record = state.volume_record(&name)?;
     state
         .cluster
-        .write(Command::DeleteVolume { name: name.clone() })
+        .write(Command::DeleteVolume {
+            name: name.clone(),
+            with_snapshots,
+        })
         .await?;
     let gone = state
         .cluster

@@ -1,18 +1,24 @@
 //! Background work around leadership:
 //! - every node heartbeats to the leader ([`heartbeat_loop`]);
 //! - the leader turns heartbeats into online/offline states, evicts nodes
-//!   offline for longer than the eviction delay (when switched on), and
-//!   keeps the voters right ([`leader_loop`]).
+//!   offline for longer than the eviction delay (when switched on), keeps
+//!   the voters right, and places again what volumes lost with a node
+//!   (their tiebreaker, their replicas) once nodes can take it
+//!   ([`leader_loop`]).
 //!
 //! Voters: one while the cluster has one or two nodes, three from three
 //! nodes, five from five; further nodes are learners. An even number of
-//! voters would tolerate no more failures than one fewer.
+//! voters would tolerate no more failures than one fewer: with two, the
+//! loss of either stops the control plane, with one only the loss of that
+//! one does, and a majority of one is as safe as any (a learner never
+//! becomes leader). So a cluster that shrinks to two nodes (a `node
+//! remove`) goes back to one voter, the leader.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use trireme_control::{Command, NodeState};
+use trireme_control::{Command, NodeState, Reply};
 use trireme_types::NodeId;
 
 use super::internal::{Heartbeat, LastHeard, PATH_HEARTBEAT};
@@ -162,7 +168,39 @@ pub async fn leader_loop(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>)
         }
         update_liveness(&cluster).await;
         manage_membership(&cluster).await;
+        restore_placements(&cluster).await;
         run_snapshot_schedules(&cluster).await;
+    }
+}
+
+/// Places again what volumes lost with a node, volume by volume (see
+/// `trireme_control::repair`). Each command decides again from the state
+/// it is applied to, so a list that is stale by then changes nothing.
+async fn restore_placements(cluster: &Cluster) {
+    let names = cluster.state.read().placements_to_restore();
+    for name in names {
+        match cluster
+            .write(Command::RestorePlacement { name: name.clone() })
+            .await
+        {
+            Ok(Reply::Volume(volume)) => {
+                let state = cluster.state.read();
+                let members: Vec<String> = volume
+                    .replicas
+                    .iter()
+                    .map(|replica| {
+                        format!(
+                            "{} ({})",
+                            state.node_name(replica.node),
+                            replica.kind.as_str()
+                        )
+                    })
+                    .collect();
+                tracing::info!(volume = %name, members = %members.join(", "), "placement restored");
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(volume = %name, %error, "restoring a placement failed"),
+        }
     }
 }
 
@@ -328,9 +366,13 @@ async fn manage_membership(cluster: &Cluster) {
         .copied()
         .collect();
     let wanted = plan_voters(
-        &voters,
-        &removed,
-        &evicted,
+        &VoterView {
+            voters: &voters,
+            removed: &removed,
+            evicted: &evicted,
+            online: &online,
+            leader: cluster.node_id().0,
+        },
         candidates,
         voter_target(in_state.len()),
     );
@@ -350,33 +392,54 @@ async fn manage_membership(cluster: &Cluster) {
     }
 }
 
-/// The voters the control plane should have: `voters` without the
-/// `removed` members, each evicted voter replaced by one of `candidates`
+/// What [`plan_voters`] starts from.
+struct VoterView<'a> {
+    voters: &'a BTreeSet<u64>,
+    /// Members the state no longer knows.
+    removed: &'a BTreeSet<u64>,
+    evicted: &'a BTreeSet<u64>,
+    online: &'a BTreeSet<u64>,
+    /// This node, which plans: it keeps its seat.
+    leader: u64,
+}
+
+/// The voters the control plane should have: the voters without the
+/// removed members, each evicted voter replaced by one of `candidates`
 /// (online nodes that are caught up; voters among them are skipped) while
-/// there are some, then more
-/// candidates up to `target`, never reaching an even count by adding.
+/// there are some, then more candidates up to `target`, never reaching an
+/// even count by adding; past `target` (the cluster shrank), seats are
+/// given up down to it, offline voters' first, never the leader's.
 ///
 /// An evicted voter (offline past the eviction delay, with eviction on)
 /// hands its seat to a learner, as its replicas went to other nodes: its
 /// vote only makes the majority harder to reach. Back online, it is a
 /// learner. Without a learner to take the seat it keeps it, so the number
 /// of voters stays odd.
-fn plan_voters(
-    voters: &BTreeSet<u64>,
-    removed: &BTreeSet<u64>,
-    evicted: &BTreeSet<u64>,
-    mut candidates: Vec<u64>,
-    target: usize,
-) -> BTreeSet<u64> {
-    let mut wanted: BTreeSet<u64> = voters.difference(removed).copied().collect();
+fn plan_voters(view: &VoterView, mut candidates: Vec<u64>, target: usize) -> BTreeSet<u64> {
+    let mut wanted: BTreeSet<u64> = view.voters.difference(view.removed).copied().collect();
     candidates.retain(|id| !wanted.contains(id));
-    let evicted_voters: Vec<u64> = wanted.intersection(evicted).copied().collect();
+    let evicted_voters: Vec<u64> = wanted.intersection(view.evicted).copied().collect();
     for voter in evicted_voters {
         let Some(successor) = candidates.pop() else {
             break;
         };
         wanted.remove(&voter);
         wanted.insert(successor);
+    }
+    if wanted.len() > target {
+        // Two voters of two nodes: the loss of either would stop the
+        // control plane, where one voter stops it only with its own loss.
+        let mut givers: Vec<u64> = wanted
+            .iter()
+            .copied()
+            .filter(|id| *id != view.leader)
+            .collect();
+        // Offline voters first, then the highest ids.
+        givers.sort_by_key(|id| (view.online.contains(id), std::cmp::Reverse(*id)));
+        for id in givers.into_iter().take(wanted.len() - target) {
+            wanted.remove(&id);
+        }
+        return wanted;
     }
     let mut additions = target.saturating_sub(wanted.len()).min(candidates.len());
     // An even number of voters tolerates no more failures than one fewer
@@ -449,46 +512,71 @@ mod tests {
         ids.iter().copied().collect()
     }
 
+    /// `plan_voters` for a cluster whose nodes are all online, led by 1.
+    fn plan(
+        voters: &[u64],
+        removed: &[u64],
+        evicted: &[u64],
+        candidates: Vec<u64>,
+        target: usize,
+    ) -> BTreeSet<u64> {
+        let online = ids(&[1, 2, 3, 4, 5]);
+        let view = VoterView {
+            voters: &ids(voters),
+            removed: &ids(removed),
+            evicted: &ids(evicted),
+            online: &online,
+            leader: 1,
+        };
+        plan_voters(&view, candidates, target)
+    }
+
     #[test]
     fn an_evicted_voter_hands_its_seat_to_a_learner() {
-        let wanted = plan_voters(&ids(&[1, 2, 3]), &ids(&[]), &ids(&[3]), vec![4], 3);
-        assert_eq!(wanted, ids(&[1, 2, 4]));
+        assert_eq!(plan(&[1, 2, 3], &[], &[3], vec![4], 3), ids(&[1, 2, 4]));
     }
 
     #[test]
     fn an_evicted_voter_without_a_learner_keeps_its_seat() {
         // Three nodes, one evicted: two voters would need both for a
         // majority, as three do, and an even count is never the goal.
-        let wanted = plan_voters(&ids(&[1, 2, 3]), &ids(&[]), &ids(&[3]), vec![], 3);
-        assert_eq!(wanted, ids(&[1, 2, 3]));
+        assert_eq!(plan(&[1, 2, 3], &[], &[3], vec![], 3), ids(&[1, 2, 3]));
     }
 
     #[test]
     fn a_removed_voters_seat_goes_to_a_learner() {
-        let wanted = plan_voters(&ids(&[1, 2, 3]), &ids(&[3]), &ids(&[]), vec![4], 3);
-        assert_eq!(wanted, ids(&[1, 2, 4]));
+        assert_eq!(plan(&[1, 2, 3], &[3], &[], vec![4], 3), ids(&[1, 2, 4]));
+    }
+
+    #[test]
+    fn a_cluster_shrunk_to_two_nodes_keeps_one_voter_the_leader() {
+        // Three voters, one removed, no learner: two nodes left. Two
+        // voters would both be needed; one (the leader) is needed alone.
+        assert_eq!(plan(&[1, 2, 3], &[3], &[], vec![2], 1), ids(&[1]));
+        assert_eq!(plan(&[1, 2, 3], &[1], &[], vec![], 1).len(), 1);
+        // Five voters, one removed: four nodes want three voters, and an
+        // offline voter gives its seat up before an online one.
+        let view = VoterView {
+            voters: &ids(&[1, 2, 3, 4, 5]),
+            removed: &ids(&[5]),
+            evicted: &ids(&[]),
+            online: &ids(&[1, 2, 4]),
+            leader: 1,
+        };
+        assert_eq!(plan_voters(&view, vec![], 3), ids(&[1, 2, 4]));
     }
 
     #[test]
     fn voters_grow_to_the_target_and_never_to_an_even_count() {
         // A second node joins: still one voter (two would need both).
-        assert_eq!(
-            plan_voters(&ids(&[1]), &ids(&[]), &ids(&[]), vec![2], 1),
-            ids(&[1])
-        );
+        assert_eq!(plan(&[1], &[], &[], vec![2], 1), ids(&[1]));
         // A third: three voters.
-        assert_eq!(
-            plan_voters(&ids(&[1]), &ids(&[]), &ids(&[]), vec![2, 3], 3),
-            ids(&[1, 2, 3])
-        );
+        assert_eq!(plan(&[1], &[], &[], vec![2, 3], 3), ids(&[1, 2, 3]));
         // Five wanted, one learner to offer: four would be even, so three.
-        assert_eq!(
-            plan_voters(&ids(&[1, 2, 3]), &ids(&[]), &ids(&[]), vec![4], 5),
-            ids(&[1, 2, 3])
-        );
+        assert_eq!(plan(&[1, 2, 3], &[], &[], vec![4], 5), ids(&[1, 2, 3]));
         // A voter offered again as a candidate is not counted twice.
         assert_eq!(
-            plan_voters(&ids(&[1, 2, 3]), &ids(&[]), &ids(&[]), vec![3, 4, 5], 5),
+            plan(&[1, 2, 3], &[], &[], vec![3, 4, 5], 5),
             ids(&[1, 2, 3, 4, 5])
         );
     }
