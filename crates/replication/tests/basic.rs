@@ -386,7 +386,7 @@ fn resync_progress_counts_the_regions_with_data() {
     let progress = states
         .iter()
         .find(|(node, _, _)| *node == NodeId(3))
-        .and_then(|(_, _, progress)| progress.clone())
+        .and_then(|(_, _, progress)| *progress)
         .expect("n3 is syncing");
     assert_eq!(progress.done_bytes, 0);
     assert_eq!(
