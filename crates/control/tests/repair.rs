@@ -347,6 +347,7 @@ fn health_says_how_the_volume_stands() {
             name: vname("v"),
             node: NodeId(1),
             allow_two_primaries: false,
+            force_takeover: false,
             now_ms: T0,
         },
     );

@@ -2791,5 +2791,11 @@ fn a_detached_volume_resyncs_through_a_resync_only_primary_that_gives_way() {
     assert_eq!(volume.generation, Generation(5));
     // A delete is not refused by a running resync.
     apply_ok(&mut state, start_resync("v", 1));
-    apply_ok(&mut state, Command::DeleteVolume { name: vname("v") });
+    apply_ok(
+        &mut state,
+        Command::DeleteVolume {
+            name: vname("v"),
+            with_snapshots: false,
+        },
+    );
 }

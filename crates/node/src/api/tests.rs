@@ -599,6 +599,7 @@ async fn a_volume_with_snapshots_is_deleted_only_when_asked() {
         name: name.clone(),
         node: NodeId(1),
         allow_two_primaries: false,
+        force_takeover: false,
         now_ms: 1,
     })
     .await;
