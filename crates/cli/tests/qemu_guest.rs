@@ -1,0 +1,756 @@
+//! Real QEMU (TCG) running a small Linux guest whose disk is a trireme
+//! volume, reached exactly as the Proxmox plugin's `qemu_blockdev_options`
+//! says: the `nbd` driver on the local node's unix socket (DATA/nbd.sock),
+//! export = the volume's name, with the plugin's `reconnect-delay`.
+//!
+//! The guest is assembled once by tests/qemu_guest/assemble.sh from the
+//! Debian kernel package of this release (linux-image-amd64's dependency)
+//! and busybox-static, and cached in target/tmp/qemu-guest/<package>. Its
+//! /init (tests/qemu_guest/init.sh) mounts the disk and writes files of
+//! random data, each synced before its checksum is appended to `sums` and
+//! synced, printing `TRIREME SYNCED n` on the serial console after each.
+//! The file system is made on the host beforehand (mkfs.ext4, copied onto
+//! the volume with nbdcopy): busybox's mke2fs makes only ext2, which has
+//! no journal and would not come back clean after a crash.
+//!
+//! After each scenario the host checks the disk on its own: nbdcopy to a
+//! file, `e2fsck -fn` (clean), and every file listed in `sums` read with
+//! debugfs and checked against its checksum, every file the guest reported
+//! synced among them.
+
+mod common;
+
+use common::replicated::*;
+use common::*;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+const VOLUME_SIZE: &str = "64M";
+/// How long a TCG boot of the guest may take on a loaded machine.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One scenario at a time: each runs three nodes and one or two TCG guests,
+/// which is what two loaded cores can carry.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn guest_sources() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/qemu_guest")
+}
+
+fn plugin_source() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../integrations/proxmox/PVE/Storage/Custom/TriremePlugin.pm")
+}
+
+/// The kernel and initramfs of the guest.
+struct GuestImage {
+    vmlinuz: PathBuf,
+    initramfs: PathBuf,
+}
+
+/// The Debian kernel package the guest boots: TRIREME_GUEST_KERNEL, or the
+/// one this release's linux-image-amd64 depends on.
+fn kernel_package() -> Result<String, String> {
+    if let Ok(package) = std::env::var("TRIREME_GUEST_KERNEL") {
+        return Ok(package);
+    }
+    let out = exec(
+        &mut cmd("apt-cache", &["depends", "linux-image-amd64"]),
+        Duration::from_secs(60),
+    );
+    out.stdout
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("Depends: "))
+        .find(|name| name.starts_with("linux-image-"))
+        .map(str::to_string)
+        .ok_or_else(|| {
+            format!(
+                "no Debian kernel package (apt-cache depends linux-image-amd64: {}{})",
+                out.stdout.trim(),
+                out.stderr.trim()
+            )
+        })
+}
+
+/// Assembles (once, cached under target/tmp) the guest, or says why not.
+fn guest_image() -> Result<GuestImage, String> {
+    static ASSEMBLING: Mutex<()> = Mutex::new(());
+    let _one = ASSEMBLING.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(missing) = missing_tools(&[
+        "qemu-system-x86_64",
+        "busybox",
+        "apt-get",
+        "apt-cache",
+        "dpkg",
+        "gzip",
+        "mkfs.ext4",
+        "e2fsck",
+        "debugfs",
+        "nbdcopy",
+    ]) {
+        return Err(missing);
+    }
+    let package = kernel_package()?;
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("qemu-guest")
+        .join(&package);
+    let image = GuestImage {
+        vmlinuz: cache.join("vmlinuz"),
+        initramfs: cache.join("initramfs.cpio.gz"),
+    };
+    // The cache is only as new as the guest's sources.
+    let newest_source = ["assemble.sh", "init.sh"]
+        .iter()
+        .filter_map(|f| {
+            std::fs::metadata(guest_sources().join(f))
+                .ok()?
+                .modified()
+                .ok()
+        })
+        .max();
+    let built = std::fs::metadata(&image.initramfs)
+        .and_then(|m| m.modified())
+        .ok();
+    if image.vmlinuz.exists() && built.is_some() && built >= newest_source {
+        return Ok(image);
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+    let started = Instant::now();
+    let out = exec(
+        cmd("sh", &[guest_sources().join("assemble.sh")])
+            .arg(&package)
+            .arg(&cache),
+        Duration::from_secs(600),
+    );
+    if !out.success() {
+        return Err(out.describe("assembling the guest (tests/qemu_guest/assemble.sh)"));
+    }
+    eprintln!(
+        "assembled the guest from {package} in {:?}",
+        started.elapsed()
+    );
+    Ok(image)
+}
+
+/// The guest, or a skip (a failure in CI) saying what is missing.
+fn guest_or_skip() -> Option<GuestImage> {
+    match guest_image() {
+        Ok(image) => Some(image),
+        Err(reason) => {
+            skip(&format!("no QEMU guest: {reason}"));
+            None
+        }
+    }
+}
+
+/// The plugin's `$NBD_RECONNECT_DELAY_SECONDS`, read from its source so
+/// that the guests here use what Proxmox would pass.
+fn plugin_reconnect_delay() -> u64 {
+    let source = std::fs::read_to_string(plugin_source()).unwrap();
+    source
+        .lines()
+        .find_map(|line| {
+            let rest = line.split("$NBD_RECONNECT_DELAY_SECONDS = ").nth(1)?;
+            rest.trim_end_matches(';').trim().parse().ok()
+        })
+        .expect("no $NBD_RECONNECT_DELAY_SECONDS in the plugin")
+}
+
+/// The plugin's `qemu_blockdev_options` for `volume` on `node`: the local
+/// NBD unix socket, the volume as export, the reconnect delay.
+fn blockdev_options(node: &TestNode, volume: &str) -> Value {
+    json!({
+        "driver": "nbd",
+        "server": { "type": "unix", "path": node.data_dir().join("nbd.sock") },
+        "export": volume,
+        "reconnect-delay": plugin_reconnect_delay(),
+    })
+}
+
+/// The plugin's `path`, as nbdcopy and nbdinfo spell it.
+fn socket_uri(node: &TestNode, volume: &str) -> String {
+    format!(
+        "nbd+unix:///{volume}?socket={}",
+        node.data_dir().join("nbd.sock").display()
+    )
+}
+
+/// One `qemu-system-x86_64` process: serial console to a file, QMP on a
+/// unix socket. Killed when dropped.
+struct Qemu {
+    child: Child,
+    console: PathBuf,
+    qmp: PathBuf,
+    name: String,
+}
+
+impl Qemu {
+    fn start(
+        image: &GuestImage,
+        dir: &Path,
+        name: &str,
+        disk: Value,
+        mode: &str,
+        count: u32,
+        incoming: Option<u16>,
+    ) -> Qemu {
+        let console = dir.join(format!("{name}.console"));
+        let qmp = dir.join(format!("{name}.qmp"));
+        let mut disk = disk;
+        disk["node-name"] = json!("proto0");
+        let mut command = cmd(
+            "qemu-system-x86_64",
+            &["-m", "256", "-display", "none", "-nodefaults", "-no-reboot"],
+        );
+        command
+            .arg("-serial")
+            .arg(format!("file:{}", console.display()))
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+            .arg("-kernel")
+            .arg(&image.vmlinuz)
+            .arg("-initrd")
+            .arg(&image.initramfs)
+            .arg("-append")
+            .arg(format!(
+                "console=ttyS0 panic=-1 quiet trireme.mode={mode} trireme.count={count}"
+            ))
+            // Proxmox puts a raw format node over the storage's protocol node.
+            .arg("-blockdev")
+            .arg(disk.to_string())
+            .arg("-blockdev")
+            .arg("raw,file=proto0,node-name=drive0")
+            .arg("-device")
+            .arg("virtio-blk-pci,drive=drive0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap(),
+            ));
+        if let Some(port) = incoming {
+            command
+                .arg("-incoming")
+                .arg(format!("tcp:127.0.0.1:{port}"));
+        }
+        let child = command.spawn().expect("cannot start qemu-system-x86_64");
+        Qemu {
+            child,
+            console,
+            qmp,
+            name: name.to_string(),
+        }
+    }
+
+    fn console_text(&self) -> String {
+        std::fs::read_to_string(&self.console).unwrap_or_default()
+    }
+
+    /// Lines of the console starting with "TRIREME ".
+    fn marks(&self) -> Vec<String> {
+        self.console_text()
+            .lines()
+            .filter_map(|line| line.trim_end().strip_prefix("TRIREME "))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The highest `n` of the `SYNCED n` lines so far.
+    fn synced(&self) -> u32 {
+        synced_in(&self.marks())
+    }
+
+    fn describe(&self) -> String {
+        let stderr =
+            std::fs::read_to_string(self.console.with_extension("stderr")).unwrap_or_default();
+        format!(
+            "--- {} console ---\n{}\n--- {} stderr ---\n{stderr}",
+            self.name,
+            tail(&self.console_text(), 4000),
+            self.name
+        )
+    }
+
+    /// Waits until the console has a mark for which `done` holds.
+    fn wait_mark(&mut self, timeout: Duration, done: impl Fn(&str) -> bool) -> String {
+        let mut found = None;
+        let ok = wait_until(timeout, || {
+            found = self.marks().into_iter().find(|mark| done(mark));
+            found.is_some() || self.exited()
+        });
+        let exited = self.exited();
+        match found {
+            Some(mark) => mark,
+            None => panic!(
+                "{}: no awaited mark within {timeout:?} (timed out: {}, exited: {exited})\n{}",
+                self.name,
+                !ok,
+                self.describe()
+            ),
+        }
+    }
+
+    /// Waits for the guest to unmount its disk and power off.
+    fn wait_poweroff(&mut self, timeout: Duration) {
+        self.wait_mark(timeout, |mark| mark == "UNMOUNTED");
+        let exited = wait_until(Duration::from_secs(30), || self.exited());
+        assert!(
+            exited,
+            "{} did not power off\n{}",
+            self.name,
+            self.describe()
+        );
+    }
+
+    fn exited(&mut self) -> bool {
+        self.child.try_wait().ok().flatten().is_some()
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// One QMP command; its "return" (panics on an "error").
+    fn qmp(&self, command: &str, arguments: Value) -> Value {
+        let stream = UnixStream::connect(&self.qmp)
+            .unwrap_or_else(|e| panic!("{}: QMP {}: {e}", self.name, self.qmp.display()));
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut writer = stream;
+        let mut answer = |request: Value| -> Value {
+            writeln!(writer, "{request}").unwrap();
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                assert!(!line.is_empty(), "{}: QMP closed", self.name);
+                let reply: Value = serde_json::from_str(&line).unwrap();
+                if let Some(error) = reply.get("error") {
+                    panic!("{}: QMP {request} failed: {error}", self.name);
+                }
+                if let Some(value) = reply.get("return") {
+                    return value.clone();
+                }
+                // The greeting and events.
+            }
+        };
+        answer(json!({ "execute": "qmp_capabilities" }));
+        answer(json!({ "execute": command, "arguments": arguments }))
+    }
+}
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// The last `n` bytes of `s` (on a character boundary).
+fn tail(s: &str, n: usize) -> &str {
+    let mut start = s.len().saturating_sub(n);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+fn synced_in(marks: &[String]) -> u32 {
+    marks
+        .iter()
+        .filter_map(|mark| mark.strip_prefix("SYNCED ")?.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+/// A replicated volume with an empty ext4 file system (made on the host:
+/// busybox's mke2fs makes only ext2), attached on `on`.
+fn volume_with_ext4(nodes: &[TestNode], on: usize, volume: &str, scratch: &Path) {
+    nodes[0].cli(&["volume", "create", volume, "--size", VOLUME_SIZE]);
+    wait_in_sync(&nodes[0], volume, Duration::from_secs(60));
+    attach(
+        &nodes[0],
+        volume,
+        nodes[on].spec.name.as_deref().unwrap(),
+        &[],
+    );
+    wait_served(&nodes[on], volume);
+    let image = scratch.join("mkfs.img");
+    let file = std::fs::File::create(&image).unwrap();
+    file.set_len(64 << 20).unwrap();
+    drop(file);
+    run(cmd("mkfs.ext4", &["-q", "-F"]).arg(&image));
+    run(cmd("nbdcopy", &["--flush"])
+        .arg(&image)
+        .arg(socket_uri(&nodes[on], volume)));
+    std::fs::remove_file(&image).unwrap();
+}
+
+/// The host's own look at the disk through `node`'s socket: `e2fsck -fn`
+/// finds it clean, and every file in `sums` matches its checksum; the
+/// files 1..=`synced` are all among them. Returns the numbers of the files
+/// it holds.
+fn check_disk(node: &TestNode, volume: &str, scratch: &Path, synced: u32) -> Vec<u32> {
+    let image = scratch.join("check.img");
+    run(cmd("nbdcopy", &[socket_uri(node, volume)]).arg(&image));
+    let fsck = exec(
+        cmd("e2fsck", &["-fn"]).arg(&image),
+        Duration::from_secs(120),
+    );
+    assert!(
+        fsck.success(),
+        "{}",
+        fsck.describe("e2fsck -fn of the guest's disk")
+    );
+    let debugfs = |request: &str| -> Vec<u8> {
+        let out = cmd("debugfs", &["-R", request])
+            .arg(&image)
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "debugfs -R {request:?} failed");
+        out.stdout
+    };
+    let sums = String::from_utf8(debugfs("cat /sums")).unwrap();
+    let mut files = Vec::new();
+    for line in sums.lines() {
+        let (sum, name) = line
+            .split_once("  ")
+            .unwrap_or_else(|| panic!("a torn line in sums: {line:?}\n{sums}"));
+        let data = debugfs(&format!("cat /{name}"));
+        assert_eq!(data.len(), 256 << 10, "{name} has {} bytes", data.len());
+        let dumped = scratch.join("dumped");
+        std::fs::write(&dumped, &data).unwrap();
+        assert_eq!(sha256(&dumped), sum, "{name} does not match its checksum");
+        files.push(name.trim_start_matches("f.").parse::<u32>().unwrap());
+    }
+    for n in 1..=synced {
+        assert!(
+            files.contains(&n),
+            "f.{n} was synced by the guest but is not in sums: {files:?}"
+        );
+    }
+    std::fs::remove_file(&image).unwrap();
+    files
+}
+
+fn name_of(node: &TestNode) -> String {
+    node.spec.name.clone().unwrap()
+}
+
+#[test]
+fn a_guest_boots_and_writes_synced_files_on_a_replicated_volume() {
+    let _one = one_at_a_time();
+    let Some(image) = guest_or_skip() else {
+        return;
+    };
+    let scratch = TempDir::new("qemu-a");
+    let nodes = three_nodes();
+    volume_with_ext4(&nodes, 0, "vm-101-disk-0", scratch.path());
+
+    let started = Instant::now();
+    let mut guest = Qemu::start(
+        &image,
+        scratch.path(),
+        "guest",
+        blockdev_options(&nodes[0], "vm-101-disk-0"),
+        "write",
+        8,
+        None,
+    );
+    guest.wait_mark(BOOT_TIMEOUT, |mark| mark.starts_with("BOOTED"));
+    eprintln!("the guest booted in {:?}", started.elapsed());
+    guest.wait_poweroff(BOOT_TIMEOUT);
+    let marks = guest.marks();
+    assert!(
+        marks.contains(&"WROTE 8".to_string()),
+        "{}",
+        guest.describe()
+    );
+    eprintln!("wrote and synced 8 files in {:?}", started.elapsed());
+
+    let files = check_disk(&nodes[0], "vm-101-disk-0", scratch.path(), 8);
+    assert_eq!(files.len(), 8, "{files:?}");
+    // A replica elsewhere holds the same: the host reads the disk again
+    // through another node once the volume moved there.
+    nodes[0].cli(&["volume", "detach", "vm-101-disk-0"]);
+    attach(&nodes[0], "vm-101-disk-0", &name_of(&nodes[1]), &[]);
+    wait_served(&nodes[1], "vm-101-disk-0");
+    let files = check_disk(&nodes[1], "vm-101-disk-0", scratch.path(), 8);
+    assert_eq!(files.len(), 8, "{files:?}");
+}
+
+/// `SYNCED n` with n at least `at_least`.
+fn synced_at_least(at_least: u32) -> impl Fn(&str) -> bool {
+    move |mark| {
+        mark.strip_prefix("SYNCED ")
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|n| n >= at_least)
+    }
+}
+
+/// Waits until `node` serves `volume` on its unix socket (the plugin's
+/// path); false after `timeout`.
+fn readable_on_socket(node: &TestNode, volume: &str, timeout: Duration) -> bool {
+    let uri = socket_uri(node, volume);
+    wait_until(timeout, || {
+        qemu_io_ok(&exec(
+            &mut qemu_io(&uri, &["read 0 4096"]),
+            Duration::from_secs(20),
+        ))
+    })
+}
+
+#[test]
+fn ha_restart_after_kill9_of_node_and_guest_boots_elsewhere_with_every_synced_file() {
+    let _one = one_at_a_time();
+    let Some(image) = guest_or_skip() else {
+        return;
+    };
+    let scratch = TempDir::new("qemu-b");
+    let mut nodes = three_nodes();
+    // The guest runs on a follower of the control plane, so that its
+    // death is seen without an election first (takeover.rs covers that).
+    let leader = nodes[0].cli_json(&["status"])["leader"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let followers: Vec<usize> = (0..3).filter(|i| name_of(&nodes[*i]) != leader).collect();
+    let (dying, target) = (followers[0], followers[1]);
+    let volume = "vm-102-disk-0";
+    volume_with_ext4(&nodes, dying, volume, scratch.path());
+
+    let mut guest = Qemu::start(
+        &image,
+        scratch.path(),
+        "guest",
+        blockdev_options(&nodes[dying], volume),
+        "write",
+        1000,
+        None,
+    );
+    guest.wait_mark(BOOT_TIMEOUT, synced_at_least(5));
+    nodes[dying].kill9();
+    guest.kill9();
+    let killed = Instant::now();
+    let synced = guest.synced();
+
+    // Proxmox HA's activate_volume on the target: attach there, retried
+    // until the dead node is fenced and the attach succeeds.
+    let target_name = name_of(&nodes[target]);
+    let mut refusals = Vec::new();
+    loop {
+        let out = exec(
+            cmd(trireme_bin(), &["--api", &nodes[target].api_url()]).args([
+                "volume",
+                "attach",
+                volume,
+                "--node",
+                &target_name,
+            ]),
+            CLI_TIMEOUT,
+        );
+        if out.success() {
+            break;
+        }
+        refusals.push(out.stderr);
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "no takeover a minute after the kill: {refusals:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let attached = killed.elapsed();
+    assert!(
+        readable_on_socket(&nodes[target], volume, Duration::from_secs(60)),
+        "{volume} is not readable on {target_name}\n{}",
+        nodes[target].log_tail()
+    );
+    let readable = killed.elapsed();
+    eprintln!(
+        "HA restart: attach on {target_name} succeeded {attached:?} after the kill \
+         ({} refusals), the disk readable through its socket after {readable:?}",
+        refusals.len()
+    );
+
+    // The guest boots on the target: it mounts (replaying the journal),
+    // checks every file in sums, writes two more and unmounts cleanly.
+    let booted = Instant::now();
+    let mut again = Qemu::start(
+        &image,
+        scratch.path(),
+        "again",
+        blockdev_options(&nodes[target], volume),
+        "both",
+        2,
+        None,
+    );
+    again.wait_poweroff(BOOT_TIMEOUT);
+    eprintln!(
+        "the guest booted, verified and powered off in {:?}",
+        booted.elapsed()
+    );
+    let marks = again.marks();
+    let verified = marks
+        .iter()
+        .find_map(|mark| mark.strip_prefix("VERIFIED "))
+        .unwrap_or_else(|| panic!("no VERIFIED\n{}", again.describe()))
+        .to_string();
+    assert!(
+        verified.ends_with(" bad=0"),
+        "{verified}\n{}",
+        again.describe()
+    );
+    let files = check_disk(&nodes[target], volume, scratch.path(), synced);
+    let written_after = synced_in(&marks);
+    assert!(
+        marks.iter().any(|mark| mark.starts_with("WROTE ")) && files.contains(&written_after),
+        "{files:?}\n{}",
+        again.describe()
+    );
+}
+
+#[test]
+fn live_migration_between_two_nodes_while_the_guest_writes_keeps_every_file() {
+    let _one = one_at_a_time();
+    let Some(image) = guest_or_skip() else {
+        return;
+    };
+    const FILES: u32 = 60;
+    let scratch = TempDir::new("qemu-c");
+    let nodes = three_nodes();
+    let volume = "vm-103-disk-0";
+    volume_with_ext4(&nodes, 0, volume, scratch.path());
+    let mut source = Qemu::start(
+        &image,
+        scratch.path(),
+        "source",
+        blockdev_options(&nodes[0], volume),
+        "write",
+        FILES,
+        None,
+    );
+    source.wait_mark(BOOT_TIMEOUT, synced_at_least(3));
+
+    // What Proxmox does for a live migration: activate on the target (a
+    // second primary), start QEMU there waiting for the migration stream,
+    // migrate, then deactivate on the source.
+    attach(
+        &nodes[0],
+        volume,
+        &name_of(&nodes[1]),
+        &["--allow-two-primaries"],
+    );
+    wait_served(&nodes[1], volume);
+    let port = free_port();
+    let mut target = Qemu::start(
+        &image,
+        scratch.path(),
+        "target",
+        blockdev_options(&nodes[1], volume),
+        "write",
+        FILES,
+        Some(port),
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || target.qmp.exists()),
+        "{}",
+        target.describe()
+    );
+    // QMP answers once the main loop runs, after the incoming listener is
+    // up (a probing connection would take the migration's place).
+    let waiting = target.qmp("query-status", json!({}));
+    assert_eq!(waiting["status"], "inmigrate", "{waiting:#}");
+    let synced_before = source.synced();
+    let started = Instant::now();
+    source.qmp("migrate", json!({ "uri": format!("tcp:127.0.0.1:{port}") }));
+    let mut status = Value::Null;
+    let done = wait_until(Duration::from_secs(120), || {
+        status = source.qmp("query-migrate", json!({}));
+        matches!(status["status"].as_str(), Some("completed" | "failed"))
+    });
+    assert!(
+        done && status["status"] == "completed",
+        "migration: {status:#}\n{}\n{}",
+        source.describe(),
+        target.describe()
+    );
+    let synced_at_switch = source.synced();
+    eprintln!(
+        "live migration: {:?} in all, downtime {} ms, {} MiB sent; the guest synced \
+         files {synced_before}..{synced_at_switch} during it",
+        started.elapsed(),
+        status["downtime"],
+        status["ram"]["transferred"].as_u64().unwrap_or(0) >> 20
+    );
+    assert!(status["downtime"].is_u64(), "{status:#}");
+    source.kill9();
+    nodes[0].cli(&["volume", "detach", volume, "--node", &name_of(&nodes[0])]);
+
+    // The guest goes on writing on the target until all its files are
+    // written, and unmounts cleanly there.
+    target.wait_poweroff(BOOT_TIMEOUT);
+    assert!(
+        target.marks().contains(&format!("WROTE {FILES}")) && target.synced() > synced_at_switch,
+        "{}",
+        target.describe()
+    );
+    let files = check_disk(&nodes[1], volume, scratch.path(), FILES);
+    assert_eq!(files.len() as u32, FILES, "{files:?}");
+}
+
+#[test]
+fn restarting_the_primary_under_a_writing_guest_gives_it_no_io_error() {
+    let _one = one_at_a_time();
+    let Some(image) = guest_or_skip() else {
+        return;
+    };
+    const FILES: u32 = 40;
+    let scratch = TempDir::new("qemu-d");
+    let mut nodes = three_nodes();
+    let volume = "vm-104-disk-0";
+    volume_with_ext4(&nodes, 1, volume, scratch.path());
+    let mut guest = Qemu::start(
+        &image,
+        scratch.path(),
+        "guest",
+        blockdev_options(&nodes[1], volume),
+        "write",
+        FILES,
+        None,
+    );
+    guest.wait_mark(BOOT_TIMEOUT, synced_at_least(3));
+
+    // An upgrade: the primary's node stops (SIGTERM) and starts again on
+    // the same data directory and socket, within QEMU's reconnect-delay.
+    let stopping = Instant::now();
+    nodes[1].stop();
+    let synced_at_stop = guest.synced();
+    nodes[1].restart();
+    eprintln!(
+        "primary restart: node back (ready) {:?} after the stop began",
+        stopping.elapsed()
+    );
+    guest.wait_poweroff(BOOT_TIMEOUT);
+    let console = guest.console_text();
+    assert!(
+        !console.contains("IO-ERROR") && !console.contains("I/O error"),
+        "the guest saw an I/O error\n{}",
+        guest.describe()
+    );
+    assert!(
+        guest.marks().contains(&format!("WROTE {FILES}")) && guest.synced() > synced_at_stop,
+        "{}",
+        guest.describe()
+    );
+    let files = check_disk(&nodes[1], volume, scratch.path(), FILES);
+    assert_eq!(files.len() as u32, FILES, "{files:?}");
+}

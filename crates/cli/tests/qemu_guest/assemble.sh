@@ -1,0 +1,55 @@
+#!/bin/sh
+# Assembles the small Linux guest of tests/qemu_guest.rs into OUT (a cache
+# directory keyed by the kernel version): OUT/vmlinuz and OUT/initramfs.cpio.gz.
+# The kernel is the Debian package KERNEL_PACKAGE (apt-get download, dpkg -x);
+# the initramfs holds busybox (busybox-static), the modules the guest needs
+# for its disk (virtio_pci, virtio_blk, ext4 and crc32c_generic, which ext4
+# asks the crypto API for at mount time, and what they depend on, read
+# from each module's own "depends=" since the package carries no
+# modules.dep before depmod runs on install) and init.sh as /init.
+# Usage: assemble.sh KERNEL_PACKAGE OUT
+set -eu
+package=$1
+out=$2
+here=$(cd "$(dirname "$0")" && pwd)
+work="$out.tmp.$$"
+rm -rf "$work"
+mkdir -p "$work"
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+apt-get download "$package" >download.log 2>&1 || {
+    cat download.log >&2
+    echo "assemble.sh: cannot download the kernel package $package (apt-get download)" >&2
+    exit 2
+}
+dpkg -x ./*.deb kernel
+version=$(ls kernel/lib/modules)
+moddir=kernel/lib/modules/$version
+root=root
+mkdir -p $root/bin $root/proc $root/sys $root/dev $root/mnt $root/modules
+cp "$(command -v busybox)" $root/bin/busybox
+# Depth-first over "depends=", so that each module follows what it needs.
+seen=" "
+add() {
+    local name file deps dep
+    name=$(echo "$1" | tr - _)
+    case "$seen" in *" $name "*) return ;; esac
+    seen="$seen$name "
+    file=$(find "$moddir" -name "$name.ko" -o -name "$(echo "$name" | tr _ -).ko" | head -n 1)
+    if [ -z "$file" ]; then
+        echo "assemble.sh: module $name not in $package" >&2
+        exit 2
+    fi
+    deps=$(tr '\0' '\n' <"$file" | sed -n 's/^depends=//p' | head -n 1 | tr , ' ')
+    for dep in $deps; do add "$dep"; done
+    cp "$file" $root/modules/
+    echo "$(basename "$file")" >>$root/modules/order
+}
+for module in virtio_pci virtio_blk crc32c_generic ext4; do add $module; done
+cp "$here/init.sh" $root/init
+chmod +x $root/init
+(cd $root && find . | busybox cpio -o -H newc 2>/dev/null | gzip -1) >initramfs.cpio.gz
+cp kernel/boot/vmlinuz-* vmlinuz
+mkdir -p "$out"
+mv vmlinuz initramfs.cpio.gz "$out/"
+echo "$version" >"$out/version"

@@ -1,0 +1,47 @@
+#!/bin/busybox sh
+# /init of the tests' guest (tests/qemu_guest.rs). What it does is chosen by
+# trireme.mode= on the kernel command line; every line the test waits for
+# starts with "TRIREME " on the serial console.
+/bin/busybox --install -s /bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+for module in $(cat /modules/order); do insmod /modules/$module; done
+mode=$(sed -n 's/.*trireme\.mode=\([a-z]*\).*/\1/p' /proc/cmdline)
+count=$(sed -n 's/.*trireme\.count=\([0-9]*\).*/\1/p' /proc/cmdline)
+say() { echo "TRIREME $*"; }
+end() { sync; poweroff -f; }
+i=0
+while [ ! -b /dev/vda ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+mount -t ext4 /dev/vda /mnt || { say "MOUNT-FAILED"; end; }
+say "BOOTED mode=$mode"
+cd /mnt
+# Each file is random data, synced, and only then its checksum appended to
+# sums and synced: a line in sums names a file that was already durable.
+write() {
+    n=$(ls f.* 2>/dev/null | wc -l)
+    last=$((n + count))
+    while [ $n -lt $last ]; do
+        n=$((n + 1))
+        dd if=/dev/urandom of=f.$n bs=64k count=4 2>/dev/null || { say "IO-ERROR write f.$n"; return; }
+        sync f.$n || { say "IO-ERROR sync f.$n"; return; }
+        sha256sum f.$n >>sums && sync sums || { say "IO-ERROR sums f.$n"; return; }
+        say "SYNCED $n"
+    done
+    say "WROTE $n"
+}
+verify() {
+    touch sums
+    lines=$(wc -l <sums)
+    bad=$(sha256sum -c sums 2>&1 | grep -v ': OK$' | wc -l)
+    say "VERIFIED lines=$lines bad=$bad"
+    sha256sum -c sums 2>&1 | grep -v ': OK$' | head -n 5
+}
+case "$mode" in
+    write) write ;;
+    verify) verify ;;
+    both) verify; write ;;
+esac
+cd /
+umount /mnt && say "UNMOUNTED"
+end
