@@ -40,6 +40,10 @@ pub struct Cli {
     /// (refused, unreachable, no connection within 5 s), never after an
     /// error answer. Without a scheme `http://` is assumed, and without a
     /// port 7450.
+    ///
+    /// Precedence: this flag, then TRIREME_API, then `api` in the client
+    /// config file (TRIREME_CLIENT_CONFIG, or /etc/trireme/client.toml; an
+    /// empty TRIREME_CLIENT_CONFIG reads no file), then the default.
     #[arg(
         long,
         global = true,
@@ -55,6 +59,9 @@ pub struct Cli {
     /// content of DATA_DIR/admin.token on any node. Not needed on a node's
     /// own machine, where loopback clients are trusted (unless that node runs
     /// with --trust-loopback=false).
+    ///
+    /// Precedence: this flag, then TRIREME_TOKEN, then `token` or
+    /// `token_file` in the client config file (see --api).
     //
     // Same id as `node run --token` (the join token): clap then leaves that
     // one alone in `node run` instead of reporting a clash.
@@ -178,7 +185,7 @@ fn default_api_port() -> u16 {
         .unwrap_or(7450)
 }
 
-fn parse_token(text: &str) -> Result<String, String> {
+pub(crate) fn parse_token(text: &str) -> Result<String, String> {
     let token = text.trim();
     if token.is_empty() {
         return Err("the token is empty: use the content of DATA_DIR/admin.token".into());
@@ -229,6 +236,21 @@ pub enum Command {
     /// from them.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Write shell completions or man pages generated from these
+    /// definitions (the .deb build uses it; hidden from help).
+    #[command(subcommand, hide = true)]
+    Generate(GenerateCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GenerateCommand {
+    /// Print the completion script of SHELL on stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write one man page per command (trireme.1, trireme-volume-create.1, ...) into DIR.
+    Man { dir: PathBuf },
 }
 
 #[derive(Debug, Subcommand)]

@@ -5,21 +5,36 @@
 //! - `client`: the blocking HTTP client (several node addresses, the admin
 //!   token) and its error messages.
 //! - `output`: tables, the status screen and JSON printing.
+//! - `config`: the client config file (/etc/trireme/client.toml).
 //! - `commands`: one module per noun (`status`, `node`, `pool`, `volume`,
 //!   `group`, `cluster`).
 
 mod args;
 mod client;
 mod commands;
+mod config;
 mod output;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = args::Cli::parse();
-    if !matches!(cli.command, args::Command::Node(args::NodeCommand::Run(_))) {
+    let matches = args::Cli::command().get_matches();
+    let mut cli = args::Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+    let daemon = matches!(cli.command, args::Command::Node(args::NodeCommand::Run(_)));
+    if !daemon {
         restore_default_sigpipe();
+    }
+    // The daemon is no client, and `generate` runs at package build time:
+    // neither should fail over a client config file.
+    if !daemon && !matches!(cli.command, args::Command::Generate(_)) {
+        match config::ClientConfig::load() {
+            Ok(config) => config.apply(&mut cli, &matches),
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                return ExitCode::FAILURE;
+            }
+        }
     }
     match commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
