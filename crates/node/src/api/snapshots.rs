@@ -28,6 +28,25 @@ const WORK_WAIT: Duration = Duration::from_secs(60);
 /// confirm the detach (fencing).
 const FENCE_WAIT: Duration = Duration::from_secs(15);
 
+/// Whether a detached volume's up-to-date replicas on online nodes have all
+/// confirmed the detach (true too for an attached or unknown volume: the
+/// command then answers for itself).
+fn every_online_copy_fenced(cluster: &ClusterState, volume: &VolumeName) -> bool {
+    let Some(record) = cluster.volumes.get(volume) else {
+        return true;
+    };
+    if !record.primaries.is_empty() {
+        return true;
+    }
+    record.in_sync.iter().all(|node| {
+        record.fenced.contains(node)
+            || cluster
+                .nodes
+                .get(node)
+                .is_none_or(|node| node.state != NodeState::Online)
+    })
+}
+
 fn snapshot_name(name: &str) -> Result<SnapshotName, ApiError> {
     SnapshotName::new(name).map_err(|error| NodeError::from(error).into())
 }
@@ -110,8 +129,17 @@ pub async fn create_snapshot(
         scheduled: false,
         now_ms: auth::now_ms(),
     };
-    // A volume detached a moment ago: its replicas confirm within seconds.
+    // A volume detached a moment ago: its replicas confirm within seconds,
+    // each on its own. Wait (bounded) for every up-to-date replica on an
+    // online node, so the snapshot is taken on all of them and not only on
+    // the first to confirm; an offline one gets no wait.
     let deadline = tokio::time::Instant::now() + FENCE_WAIT;
+    state
+        .cluster
+        .wait_for_state(FENCE_WAIT, |cluster| {
+            every_online_copy_fenced(cluster, &volume)
+        })
+        .await;
     let reply = loop {
         match state.cluster.write(command()).await {
             Err(ClusterError::Refused(CommandError::NotFenced { .. }))
