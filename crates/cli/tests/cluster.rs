@@ -902,7 +902,12 @@ fn a_lost_tiebreaker_comes_back_and_two_nodes_keep_one_voter() {
     // t3 leaves: two nodes, and one voter, the leader (docs/cluster.md):
     // with two voters the loss of either would stop the control plane.
     first.cli(&["node", "remove", "t3"]);
-    others[1].stop();
+    // A removed node stops by itself, saying why.
+    let exit = others[1].wait_exit(Duration::from_secs(30));
+    assert!(
+        exit.is_some_and(|status| !status.success()),
+        "the removed node did not stop by itself ({exit:?})"
+    );
     let mut last = Value::Null;
     let shrunk = wait_until(Duration::from_secs(60), || {
         last = status(&first);
