@@ -2535,6 +2535,11 @@ impl Sim {
             ToReplica::Ping { token } => {
                 let now = self.now;
                 match node.side.as_mut().expect("up").admit(link, &message, now) {
+                    // A replica that does not fence (the bug switch) keeps
+                    // answering a former primary's pings, so its link stays.
+                    Ok(()) | Err(_) if self.cfg.ignore_fencing => {
+                        self.replica_send(link, FromReplica::Pong { token })
+                    }
                     Ok(()) => self.replica_send(link, FromReplica::Pong { token }),
                     Err(refusal) => {
                         self.log(format!(
