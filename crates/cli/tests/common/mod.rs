@@ -565,7 +565,10 @@ impl TestNode {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 if let Some(l) = log.as_mut() {
-                    let _ = writeln!(l, "[stdout] {line}");
+                    // One write per line: `writeln!` on a File makes several
+                    // writes, and the node's stderr (same file, O_APPEND) can
+                    // land between them and split the line.
+                    let _ = l.write_all(format!("[stdout] {line}\n").as_bytes());
                 }
                 if !sent && is_ready_line(&line) {
                     let _ = tx.send(line.clone());
