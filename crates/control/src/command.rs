@@ -754,6 +754,7 @@ impl ClusterState {
             volume.replicas.retain(|replica| replica.node != node);
             volume.in_sync.remove(&node);
             volume.primaries.retain(|primary| primary.node != node);
+            volume.replica_removed_from.remove(&node);
         }
         self.forget_deleted_volumes();
         Ok(Reply::Done)
@@ -1006,6 +1007,7 @@ impl ClusterState {
             origin: None,
             fenced: BTreeSet::new(),
             replica_target: placement.diskful.len(),
+            replica_removed_from: BTreeSet::new(),
         };
         self.next_volume_id += 1;
         record.replicas = replicas_of(&placement, observed_adopted);
@@ -1724,7 +1726,9 @@ impl ClusterState {
             seed: name_seed(name.as_str()),
         };
         // The node gives its replica up: it takes no tiebreaker or diskless
-        // membership in exchange.
+        // membership in exchange here. The leader's restore may make it the
+        // tiebreaker later, but only while no other node can be one
+        // (`replica_removed_from`).
         let mut candidates = self.candidates();
         candidates.retain(|candidate| candidate.id != node);
         let placement =
@@ -1753,6 +1757,7 @@ impl ClusterState {
         apply_placement(volume, &placement);
         // Asked for by the admin: the leader must not place it again.
         volume.replica_target = volume.diskful().count();
+        volume.replica_removed_from.insert(node);
         if volume.is_primary(node) && volume.replica(node).is_none() {
             // A primary goes on serving the volume through its peers.
             volume.replicas.push(diskless_member(node));
@@ -1901,6 +1906,9 @@ pub(crate) fn apply_placement(volume: &mut VolumeRecord, placement: &placer::Pla
     volume.replicas = replicas;
     let diskful: BTreeSet<NodeId> = volume.diskful().map(|replica| replica.node).collect();
     volume.in_sync.retain(|node| diskful.contains(node));
+    volume
+        .replica_removed_from
+        .retain(|node| !diskful.contains(node));
 }
 
 fn diskless_member(node: NodeId) -> ReplicaRecord {

@@ -261,6 +261,12 @@ pub struct VolumeRecord {
     /// missing replicas again once nodes can take them
     /// (`Command::RestorePlacement`).
     pub replica_target: usize,
+    /// Nodes whose diskful replica an admin removed (`replica remove`):
+    /// they are made the volume's tiebreaker only when no other node can
+    /// be, and give that seat up once another node can take it. A node
+    /// leaves the set when it holds a diskful replica again.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub replica_removed_from: BTreeSet<NodeId>,
 }
 
 /// [`VolumeRecord`] as stored: fields added later are optional, so that
@@ -294,6 +300,8 @@ struct StoredVolumeRecord {
     /// `None` in states written before it existed.
     #[serde(default)]
     replica_target: Option<usize>,
+    #[serde(default)]
+    replica_removed_from: BTreeSet<NodeId>,
 }
 
 impl From<StoredVolumeRecord> for VolumeRecord {
@@ -333,6 +341,7 @@ impl From<StoredVolumeRecord> for VolumeRecord {
             // Before the target existed, what a volume lost was never
             // placed again: its replicas now are all it is known to want.
             replica_target: stored.replica_target.unwrap_or(diskful_count),
+            replica_removed_from: stored.replica_removed_from,
         }
     }
 }

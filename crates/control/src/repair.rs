@@ -20,6 +20,11 @@
 //!   be one, an odd number none; a tiebreaker on a node that is merely
 //!   offline stays (it votes again when its node returns, and moving it
 //!   on every flap would churn);
+//! - a node whose replica an admin removed (`replica remove`) is the
+//!   tiebreaker only while no other node can be: on three nodes it is the
+//!   only one left, and a tiebreaker there still lets the volume survive a
+//!   failure; once another node can take the seat, the seat moves there
+//!   (once: the new holder never gives it back);
 //! - nothing changes that would leave fewer up-to-date voters than a
 //!   majority (or, for a volume that has lost its quorum, bring it no
 //!   nearer): a new replica is empty and does not count until it is
@@ -127,6 +132,25 @@ impl ClusterState {
             seed: name_seed(volume.name.as_str()),
         };
         let mut placement = placer::place(&self.candidates(), &request).ok()?;
+        let removed_from = &volume.replica_removed_from;
+        if placement
+            .tiebreaker
+            .is_some_and(|node| removed_from.contains(&node))
+        {
+            // An admin took this node's replica away: another node is the
+            // tiebreaker if one can be (the nodes left out hold no replica
+            // of the volume, so only the tiebreaker can differ).
+            let others: Vec<placer::Candidate> = self
+                .candidates()
+                .into_iter()
+                .filter(|candidate| !removed_from.contains(&candidate.id))
+                .collect();
+            if let Ok(other) = placer::place(&others, &request) {
+                if other.tiebreaker.is_some() && other.diskful == placement.diskful {
+                    placement.tiebreaker = other.tiebreaker;
+                }
+            }
+        }
         let diskful: BTreeSet<NodeId> = placement.diskful.iter().map(|(node, _)| *node).collect();
         let current_tiebreaker = volume
             .replicas
@@ -139,6 +163,14 @@ impl ClusterState {
                         self.node_state(*node),
                         Some(NodeState::Online | NodeState::Offline)
                     )
+            })
+            // A node that gave its replica up keeps the seat only until
+            // another node can take it.
+            .filter(|node| {
+                !removed_from.contains(node)
+                    || placement
+                        .tiebreaker
+                        .is_none_or(|chosen| removed_from.contains(&chosen))
             });
         if placement.diskful.len().is_multiple_of(2) && current_tiebreaker.is_some() {
             placement.tiebreaker = current_tiebreaker;

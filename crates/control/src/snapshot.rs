@@ -650,6 +650,7 @@ impl ClusterState {
             }),
             fenced: BTreeSet::new(),
             replica_target: keep.len(),
+            replica_removed_from: BTreeSet::new(),
         };
         self.next_volume_id += 1;
         self.volumes.insert(name, record.clone());

@@ -335,6 +335,68 @@ fn an_admins_replica_removal_is_not_undone() {
     assert_eq!(volume(&state).replica_target, 3);
 }
 
+fn remove_replica(state: &mut ClusterState, node: u64) {
+    ok(
+        state,
+        Command::RemoveReplica {
+            name: vname("v"),
+            node: NodeId(node),
+        },
+    );
+}
+
+#[test]
+fn a_node_that_gave_its_replica_up_is_the_tiebreaker_only_when_no_other_can_be() {
+    // Three nodes: the node that gave its replica up is the only one left,
+    // and a tiebreaker there still lets the volume lose a node.
+    let mut state = cluster(3);
+    volume_on(&mut state, &[1, 2, 3]);
+    remove_replica(&mut state, 3);
+    assert_eq!(tiebreaker(&state), None);
+    restore_all(&mut state);
+    assert_eq!(
+        (diskful(&state), tiebreaker(&state)),
+        (ids(&[1, 2]), Some(3))
+    );
+
+    // Four nodes, the fourth offline: the node that gave its replica up
+    // stands in, and hands the seat on once the fourth is back.
+    let mut state = cluster(4);
+    volume_on(&mut state, &[1, 2, 3]);
+    set_state(&mut state, 4, NodeState::Offline);
+    remove_replica(&mut state, 3);
+    restore_all(&mut state);
+    assert_eq!(tiebreaker(&state), Some(3));
+    set_state(&mut state, 4, NodeState::Online);
+    restore_all(&mut state);
+    assert_eq!(
+        (diskful(&state), tiebreaker(&state)),
+        (ids(&[1, 2]), Some(4))
+    );
+    // Once moved, it stays (even while its node is offline).
+    set_state(&mut state, 4, NodeState::Offline);
+    assert!(state.placements_to_restore().is_empty());
+
+    // Four nodes online: the fourth is the tiebreaker at once. A replica
+    // added back clears the mark: that node may be anything again.
+    let mut state = cluster(4);
+    volume_on(&mut state, &[1, 2, 3]);
+    remove_replica(&mut state, 3);
+    restore_all(&mut state);
+    assert_eq!(tiebreaker(&state), Some(4));
+    assert_eq!(volume(&state).replica_removed_from, [NodeId(3)].into());
+    ok(
+        &mut state,
+        Command::AddReplica {
+            name: vname("v"),
+            node: Some(NodeId(3)),
+            pool: None,
+            now_ms: T0,
+        },
+    );
+    assert!(volume(&state).replica_removed_from.is_empty());
+}
+
 #[test]
 fn health_says_how_the_volume_stands() {
     let mut state = cluster(3);
