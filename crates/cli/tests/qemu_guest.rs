@@ -1,7 +1,11 @@
 //! Real QEMU (TCG) running a small Linux guest whose disk is a trireme
-//! volume, reached exactly as the Proxmox plugin's `qemu_blockdev_options`
-//! says: the `nbd` driver on the local node's unix socket (DATA/nbd.sock),
-//! export = the volume's name, with the plugin's `reconnect-delay`.
+//! volume, reached exactly as the Proxmox plugin says: its own Perl code
+//! (integrations/proxmox, run through t/bin/pve-volume with the test
+//! stand-in for Proxmox's base class) gives the `-blockdev` options
+//! (`qemu_blockdev_options`, Proxmox VE 9) or the `-drive` path (`path`,
+//! Proxmox VE 8) that QEMU is started with, and every volume is allocated,
+//! activated (a migration's second primary, HA's takeover) and deactivated
+//! by the plugin's `alloc_image`, `activate_volume` and `deactivate_volume`.
 //!
 //! The guest is assembled once by tests/qemu_guest/assemble.sh from the
 //! Debian kernel package of this release (linux-image-amd64's dependency)
@@ -26,11 +30,12 @@ use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-const VOLUME_SIZE: &str = "64M";
+/// The guest's disk.
+const VOLUME_BYTES: u64 = 64 << 20;
 /// How long a TCG boot of the guest may take on a loaded machine.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -45,9 +50,92 @@ fn guest_sources() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/qemu_guest")
 }
 
-fn plugin_source() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../integrations/proxmox/PVE/Storage/Custom/TriremePlugin.pm")
+fn plugin_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../integrations/proxmox")
+}
+
+/// The Proxmox plugin, called as each Proxmox node (one per trireme node)
+/// calls it: the same storage.cfg entry everywhere (every node's API,
+/// the admin token), `local-api` that node's own, and a state directory
+/// per node (its /run/trireme-pve).
+struct Plugin {
+    apis: String,
+    token: String,
+    state: PathBuf,
+}
+
+impl Plugin {
+    fn new(nodes: &[TestNode], scratch: &Path) -> Plugin {
+        let apis: Vec<String> = nodes.iter().map(TestNode::api_url).collect();
+        let token = std::fs::read_to_string(nodes[0].data_dir().join("admin.token")).unwrap();
+        Plugin {
+            apis: apis.join(","),
+            token: token.trim().to_string(),
+            state: scratch.join("pve-state"),
+        }
+    }
+
+    /// `pve-volume OPERATION ARGS...` on the Proxmox node of `on`.
+    fn command(&self, on: &TestNode, args: &[&str]) -> Command {
+        let dir = plugin_dir();
+        let mut command = cmd("perl", &["-I", ".", "-I", "t/lib", "t/bin/pve-volume"]);
+        command
+            .current_dir(&dir)
+            .args(["--api", &self.apis, "--token", &self.token])
+            .args(["--local-api", &on.api_url()])
+            .args(args)
+            .env("TRIREME_PVE_STATE_DIR", self.state.join(name_of(on)))
+            .env_remove("PVE_MIGRATED_FROM");
+        command
+    }
+
+    fn call(&self, on: &TestNode, args: &[&str]) -> CmdOut {
+        exec(&mut self.command(on, args), Duration::from_secs(60))
+    }
+
+    /// A call that must succeed; its output.
+    fn ok(&self, on: &TestNode, args: &[&str]) -> CmdOut {
+        let out = self.call(on, args);
+        assert!(
+            out.success(),
+            "{}\n--- node log ---\n{}",
+            out.describe(&format!("the plugin's {args:?} on {}", name_of(on))),
+            on.log_tail()
+        );
+        out
+    }
+
+    /// `qemu_blockdev_options` on `on`: what Proxmox VE 9 gives `-blockdev`.
+    fn blockdev(&self, on: &TestNode, volume: &str) -> Value {
+        let out = self.ok(on, &["blockdev", volume]);
+        serde_json::from_str(out.stdout.trim())
+            .unwrap_or_else(|e| panic!("blockdev options {:?}: {e}", out.stdout))
+    }
+
+    /// `path` on `on`: what Proxmox VE 8 gives `-drive file=`.
+    fn path(&self, on: &TestNode, volume: &str) -> String {
+        self.ok(on, &["path", volume]).stdout.trim().to_string()
+    }
+
+    /// The NBD URI of what `qemu_blockdev_options` names, for the host's
+    /// own tools (nbdcopy, qemu-io).
+    fn uri(&self, on: &TestNode, volume: &str) -> String {
+        let options = self.blockdev(on, volume);
+        assert_eq!(options["server"]["type"], "unix", "{options:#}");
+        format!(
+            "nbd+unix:///{}?socket={}",
+            options["export"].as_str().unwrap(),
+            options["server"]["path"].as_str().unwrap()
+        )
+    }
+}
+
+/// A guest's disk as QEMU is given it.
+enum Disk {
+    /// `-blockdev` with these options under a raw format node (Proxmox VE 9).
+    Blockdev(Value),
+    /// `-drive file=PATH,format=raw` (Proxmox VE 8).
+    Drive(String),
 }
 
 /// The kernel and initramfs of the guest.
@@ -151,38 +239,6 @@ fn guest_or_skip() -> Option<GuestImage> {
     }
 }
 
-/// The plugin's `$NBD_RECONNECT_DELAY_SECONDS`, read from its source so
-/// that the guests here use what Proxmox would pass.
-fn plugin_reconnect_delay() -> u64 {
-    let source = std::fs::read_to_string(plugin_source()).unwrap();
-    source
-        .lines()
-        .find_map(|line| {
-            let rest = line.split("$NBD_RECONNECT_DELAY_SECONDS = ").nth(1)?;
-            rest.trim_end_matches(';').trim().parse().ok()
-        })
-        .expect("no $NBD_RECONNECT_DELAY_SECONDS in the plugin")
-}
-
-/// The plugin's `qemu_blockdev_options` for `volume` on `node`: the local
-/// NBD unix socket, the volume as export, the reconnect delay.
-fn blockdev_options(node: &TestNode, volume: &str) -> Value {
-    json!({
-        "driver": "nbd",
-        "server": { "type": "unix", "path": node.data_dir().join("nbd.sock") },
-        "export": volume,
-        "reconnect-delay": plugin_reconnect_delay(),
-    })
-}
-
-/// The plugin's `path`, as nbdcopy and nbdinfo spell it.
-fn socket_uri(node: &TestNode, volume: &str) -> String {
-    format!(
-        "nbd+unix:///{volume}?socket={}",
-        node.data_dir().join("nbd.sock").display()
-    )
-}
-
 /// One `qemu-system-x86_64` process: serial console to a file, QMP on a
 /// unix socket. Killed when dropped.
 struct Qemu {
@@ -197,15 +253,13 @@ impl Qemu {
         image: &GuestImage,
         dir: &Path,
         name: &str,
-        disk: Value,
+        disk: Disk,
         mode: &str,
         count: u32,
         incoming: Option<u16>,
     ) -> Qemu {
         let console = dir.join(format!("{name}.console"));
         let qmp = dir.join(format!("{name}.qmp"));
-        let mut disk = disk;
-        disk["node-name"] = json!("proto0");
         let mut command = cmd(
             "qemu-system-x86_64",
             &["-m", "256", "-display", "none", "-nodefaults", "-no-reboot"],
@@ -223,11 +277,6 @@ impl Qemu {
             .arg(format!(
                 "console=ttyS0 panic=-1 quiet trireme.mode={mode} trireme.count={count}"
             ))
-            // Proxmox puts a raw format node over the storage's protocol node.
-            .arg("-blockdev")
-            .arg(disk.to_string())
-            .arg("-blockdev")
-            .arg("raw,file=proto0,node-name=drive0")
             .arg("-device")
             .arg("virtio-blk-pci,drive=drive0")
             .stdin(Stdio::null())
@@ -235,6 +284,22 @@ impl Qemu {
             .stderr(Stdio::from(
                 std::fs::File::create(dir.join(format!("{name}.stderr"))).unwrap(),
             ));
+        match disk {
+            // Proxmox puts a raw format node over the storage's protocol node.
+            Disk::Blockdev(mut options) => {
+                options["node-name"] = json!("proto0");
+                command
+                    .arg("-blockdev")
+                    .arg(options.to_string())
+                    .arg("-blockdev")
+                    .arg("raw,file=proto0,node-name=drive0");
+            }
+            Disk::Drive(path) => {
+                command
+                    .arg("-drive")
+                    .arg(format!("file={path},format=raw,if=none,id=drive0"));
+            }
+        }
         if let Some(port) = incoming {
             command
                 .arg("-incoming")
@@ -371,36 +436,50 @@ fn synced_in(marks: &[String]) -> u32 {
         .unwrap_or(0)
 }
 
-/// A replicated volume with an empty ext4 file system (made on the host:
-/// busybox's mke2fs makes only ext2), attached on `on`.
-fn volume_with_ext4(nodes: &[TestNode], on: usize, volume: &str, scratch: &Path) {
-    nodes[0].cli(&["volume", "create", volume, "--size", VOLUME_SIZE]);
-    wait_in_sync(&nodes[0], volume, Duration::from_secs(60));
-    attach(
-        &nodes[0],
-        volume,
-        nodes[on].spec.name.as_deref().unwrap(),
-        &[],
+/// A replicated volume `vm-VMID-disk-0` with an empty ext4 file system
+/// (made on the host: busybox's mke2fs makes only ext2), allocated by the
+/// plugin and activated by it on `on`.
+fn volume_with_ext4(
+    plugin: &Plugin,
+    nodes: &[TestNode],
+    on: usize,
+    vmid: u32,
+    scratch: &Path,
+) -> String {
+    let volume = format!("vm-{vmid}-disk-0");
+    let size_kib = VOLUME_BYTES / 1024;
+    let allocated = plugin.ok(
+        &nodes[on],
+        &["alloc", &vmid.to_string(), &volume, &size_kib.to_string()],
     );
-    wait_served(&nodes[on], volume);
+    assert_eq!(allocated.stdout.trim(), volume);
+    wait_in_sync(&nodes[0], &volume, Duration::from_secs(60));
+    plugin.ok(&nodes[on], &["activate", &volume]);
     let image = scratch.join("mkfs.img");
     let file = std::fs::File::create(&image).unwrap();
-    file.set_len(64 << 20).unwrap();
+    file.set_len(VOLUME_BYTES).unwrap();
     drop(file);
     run(cmd("mkfs.ext4", &["-q", "-F"]).arg(&image));
     run(cmd("nbdcopy", &["--flush"])
         .arg(&image)
-        .arg(socket_uri(&nodes[on], volume)));
+        .arg(plugin.uri(&nodes[on], &volume)));
     std::fs::remove_file(&image).unwrap();
+    volume
 }
 
-/// The host's own look at the disk through `node`'s socket: `e2fsck -fn`
-/// finds it clean, and every file in `sums` matches its checksum; the
-/// files 1..=`synced` are all among them. Returns the numbers of the files
-/// it holds.
-fn check_disk(node: &TestNode, volume: &str, scratch: &Path, synced: u32) -> Vec<u32> {
+/// The host's own look at the disk through what the plugin gives on
+/// `node`: `e2fsck -fn` finds it clean, and every file in `sums` matches
+/// its checksum; the files 1..=`synced` are all among them. Returns the
+/// numbers of the files it holds.
+fn check_disk(
+    plugin: &Plugin,
+    node: &TestNode,
+    volume: &str,
+    scratch: &Path,
+    synced: u32,
+) -> Vec<u32> {
     let image = scratch.join("check.img");
-    run(cmd("nbdcopy", &[socket_uri(node, volume)]).arg(&image));
+    run(cmd("nbdcopy", &[plugin.uri(node, volume)]).arg(&image));
     let fsck = exec(
         cmd("e2fsck", &["-fn"]).arg(&image),
         Duration::from_secs(120),
@@ -454,14 +533,17 @@ fn a_guest_boots_and_writes_synced_files_on_a_replicated_volume() {
     };
     let scratch = TempDir::new("qemu-a");
     let nodes = three_nodes();
-    volume_with_ext4(&nodes, 0, "vm-101-disk-0", scratch.path());
+    let plugin = Plugin::new(&nodes, scratch.path());
+    let volume = volume_with_ext4(&plugin, &nodes, 0, 101, scratch.path());
 
+    // As Proxmox VE 8 starts QEMU: `-drive file=` the plugin's path.
+    let path = plugin.path(&nodes[0], &volume);
     let started = Instant::now();
     let mut guest = Qemu::start(
         &image,
         scratch.path(),
         "guest",
-        blockdev_options(&nodes[0], "vm-101-disk-0"),
+        Disk::Drive(path),
         "write",
         8,
         None,
@@ -477,14 +559,13 @@ fn a_guest_boots_and_writes_synced_files_on_a_replicated_volume() {
     );
     eprintln!("wrote and synced 8 files in {:?}", started.elapsed());
 
-    let files = check_disk(&nodes[0], "vm-101-disk-0", scratch.path(), 8);
+    let files = check_disk(&plugin, &nodes[0], &volume, scratch.path(), 8);
     assert_eq!(files.len(), 8, "{files:?}");
-    // A replica elsewhere holds the same: the host reads the disk again
-    // through another node once the volume moved there.
-    nodes[0].cli(&["volume", "detach", "vm-101-disk-0"]);
-    attach(&nodes[0], "vm-101-disk-0", &name_of(&nodes[1]), &[]);
-    wait_served(&nodes[1], "vm-101-disk-0");
-    let files = check_disk(&nodes[1], "vm-101-disk-0", scratch.path(), 8);
+    // A replica elsewhere holds the same: the VM stopped here and its disk
+    // activated on another node, where the host reads it again.
+    plugin.ok(&nodes[0], &["deactivate", &volume]);
+    plugin.ok(&nodes[1], &["activate", &volume]);
+    let files = check_disk(&plugin, &nodes[1], &volume, scratch.path(), 8);
     assert_eq!(files.len(), 8, "{files:?}");
 }
 
@@ -497,10 +578,10 @@ fn synced_at_least(at_least: u32) -> impl Fn(&str) -> bool {
     }
 }
 
-/// Waits until `node` serves `volume` on its unix socket (the plugin's
-/// path); false after `timeout`.
-fn readable_on_socket(node: &TestNode, volume: &str, timeout: Duration) -> bool {
-    let uri = socket_uri(node, volume);
+/// Waits until `node` serves `volume` where the plugin says; false after
+/// `timeout`.
+fn readable_on_socket(plugin: &Plugin, node: &TestNode, volume: &str, timeout: Duration) -> bool {
+    let uri = plugin.uri(node, volume);
     wait_until(timeout, || {
         qemu_io_ok(&exec(
             &mut qemu_io(&uri, &["read 0 4096"]),
@@ -517,6 +598,7 @@ fn ha_restart_after_kill9_of_node_and_guest_boots_elsewhere_with_every_synced_fi
     };
     let scratch = TempDir::new("qemu-b");
     let mut nodes = three_nodes();
+    let plugin = Plugin::new(&nodes, scratch.path());
     // The guest runs on a follower of the control plane, so that its
     // death is seen without an election first (takeover.rs covers that).
     let leader = nodes[0].cli_json(&["status"])["leader"]
@@ -525,41 +607,33 @@ fn ha_restart_after_kill9_of_node_and_guest_boots_elsewhere_with_every_synced_fi
         .to_string();
     let followers: Vec<usize> = (0..3).filter(|i| name_of(&nodes[*i]) != leader).collect();
     let (dying, target) = (followers[0], followers[1]);
-    let volume = "vm-102-disk-0";
-    volume_with_ext4(&nodes, dying, volume, scratch.path());
+    let volume = volume_with_ext4(&plugin, &nodes, dying, 102, scratch.path());
 
     let mut guest = Qemu::start(
         &image,
         scratch.path(),
         "guest",
-        blockdev_options(&nodes[dying], volume),
+        Disk::Blockdev(plugin.blockdev(&nodes[dying], &volume)),
         "write",
         1000,
         None,
     );
     guest.wait_mark(BOOT_TIMEOUT, synced_at_least(5));
+    let dying_name = name_of(&nodes[dying]);
     nodes[dying].kill9();
     guest.kill9();
     let killed = Instant::now();
     let synced = guest.synced();
 
-    // Proxmox HA's activate_volume on the target: attach there, retried
-    // until the dead node is fenced and the attach succeeds.
+    // Proxmox HA starts the VM on the target: the plugin's activate_volume
+    // there, retried until the cluster counts the dead node offline and the
+    // attach takes the volume over.
     let target_name = name_of(&nodes[target]);
     let mut refusals = Vec::new();
-    loop {
-        let out = exec(
-            cmd(trireme_bin(), &["--api", &nodes[target].api_url()]).args([
-                "volume",
-                "attach",
-                volume,
-                "--node",
-                &target_name,
-            ]),
-            CLI_TIMEOUT,
-        );
+    let activated = loop {
+        let out = plugin.call(&nodes[target], &["activate", &volume]);
         if out.success() {
-            break;
+            break out;
         }
         refusals.push(out.stderr);
         assert!(
@@ -567,16 +641,23 @@ fn ha_restart_after_kill9_of_node_and_guest_boots_elsewhere_with_every_synced_fi
             "no takeover a minute after the kill: {refusals:#?}"
         );
         std::thread::sleep(Duration::from_millis(200));
-    }
+    };
     let attached = killed.elapsed();
     assert!(
-        readable_on_socket(&nodes[target], volume, Duration::from_secs(60)),
+        activated
+            .stderr
+            .contains(&format!("took '{volume}' over from node '{dying_name}'")),
+        "the takeover is not reported: {}",
+        activated.stderr
+    );
+    assert!(
+        readable_on_socket(&plugin, &nodes[target], &volume, Duration::from_secs(60)),
         "{volume} is not readable on {target_name}\n{}",
         nodes[target].log_tail()
     );
     let readable = killed.elapsed();
     eprintln!(
-        "HA restart: attach on {target_name} succeeded {attached:?} after the kill \
+        "HA restart: activate_volume on {target_name} succeeded {attached:?} after the kill \
          ({} refusals), the disk readable through its socket after {readable:?}",
         refusals.len()
     );
@@ -588,7 +669,7 @@ fn ha_restart_after_kill9_of_node_and_guest_boots_elsewhere_with_every_synced_fi
         &image,
         scratch.path(),
         "again",
-        blockdev_options(&nodes[target], volume),
+        Disk::Blockdev(plugin.blockdev(&nodes[target], &volume)),
         "both",
         2,
         None,
@@ -609,7 +690,7 @@ fn ha_restart_after_kill9_of_node_and_guest_boots_elsewhere_with_every_synced_fi
         "{verified}\n{}",
         again.describe()
     );
-    let files = check_disk(&nodes[target], volume, scratch.path(), synced);
+    let files = check_disk(&plugin, &nodes[target], &volume, scratch.path(), synced);
     let written_after = synced_in(&marks);
     assert!(
         marks.iter().any(|mark| mark.starts_with("WROTE ")) && files.contains(&written_after),
@@ -627,35 +708,43 @@ fn live_migration_between_two_nodes_while_the_guest_writes_keeps_every_file() {
     const FILES: u32 = 60;
     let scratch = TempDir::new("qemu-c");
     let nodes = three_nodes();
-    let volume = "vm-103-disk-0";
-    volume_with_ext4(&nodes, 0, volume, scratch.path());
+    let plugin = Plugin::new(&nodes, scratch.path());
+    let volume = volume_with_ext4(&plugin, &nodes, 0, 103, scratch.path());
     let mut source = Qemu::start(
         &image,
         scratch.path(),
         "source",
-        blockdev_options(&nodes[0], volume),
+        Disk::Blockdev(plugin.blockdev(&nodes[0], &volume)),
         "write",
         FILES,
         None,
     );
     source.wait_mark(BOOT_TIMEOUT, synced_at_least(3));
 
-    // What Proxmox does for a live migration: activate on the target (a
-    // second primary), start QEMU there waiting for the migration stream,
-    // migrate, then deactivate on the source.
-    attach(
-        &nodes[0],
-        volume,
-        &name_of(&nodes[1]),
-        &["--allow-two-primaries"],
+    // What Proxmox does for a live migration: activate on the target
+    // (qemu-server sets PVE_MIGRATED_FROM: a second primary), start QEMU
+    // there waiting for the migration stream, migrate, then deactivate on
+    // the source.
+    let mut activate = plugin.command(&nodes[1], &["activate", &volume]);
+    activate.env("PVE_MIGRATED_FROM", name_of(&nodes[0]));
+    let out = exec(&mut activate, Duration::from_secs(60));
+    assert!(
+        out.success(),
+        "{}",
+        out.describe("activate_volume on the migration's target")
     );
-    wait_served(&nodes[1], volume);
+    let shown = show(&nodes[0], &volume);
+    assert_eq!(
+        shown["primaries"].as_array().map(Vec::len),
+        Some(2),
+        "a migration's activation makes a second primary: {shown:#}"
+    );
     let port = free_port();
     let mut target = Qemu::start(
         &image,
         scratch.path(),
         "target",
-        blockdev_options(&nodes[1], volume),
+        Disk::Blockdev(plugin.blockdev(&nodes[1], &volume)),
         "write",
         FILES,
         Some(port),
@@ -693,7 +782,13 @@ fn live_migration_between_two_nodes_while_the_guest_writes_keeps_every_file() {
     );
     assert!(status["downtime"].is_u64(), "{status:#}");
     source.kill9();
-    nodes[0].cli(&["volume", "detach", volume, "--node", &name_of(&nodes[0])]);
+    plugin.ok(&nodes[0], &["deactivate", &volume]);
+    let shown = show(&nodes[1], &volume);
+    assert_eq!(
+        shown["primaries"],
+        json!([name_of(&nodes[1])]),
+        "after the source's deactivation the target alone serves it: {shown:#}"
+    );
 
     // The guest goes on writing on the target until all its files are
     // written, and unmounts cleanly there.
@@ -703,7 +798,7 @@ fn live_migration_between_two_nodes_while_the_guest_writes_keeps_every_file() {
         "{}",
         target.describe()
     );
-    let files = check_disk(&nodes[1], volume, scratch.path(), FILES);
+    let files = check_disk(&plugin, &nodes[1], &volume, scratch.path(), FILES);
     assert_eq!(files.len() as u32, FILES, "{files:?}");
 }
 
@@ -716,13 +811,19 @@ fn restarting_the_primary_under_a_writing_guest_gives_it_no_io_error() {
     const FILES: u32 = 40;
     let scratch = TempDir::new("qemu-d");
     let mut nodes = three_nodes();
-    let volume = "vm-104-disk-0";
-    volume_with_ext4(&nodes, 1, volume, scratch.path());
+    let plugin = Plugin::new(&nodes, scratch.path());
+    let volume = volume_with_ext4(&plugin, &nodes, 1, 104, scratch.path());
+    let options = plugin.blockdev(&nodes[1], &volume);
+    // What lets QEMU ride over the restart.
+    assert!(
+        options["reconnect-delay"].as_u64().is_some_and(|s| s > 0),
+        "the plugin gives QEMU no reconnect-delay: {options:#}"
+    );
     let mut guest = Qemu::start(
         &image,
         scratch.path(),
         "guest",
-        blockdev_options(&nodes[1], volume),
+        Disk::Blockdev(options),
         "write",
         FILES,
         None,
@@ -751,6 +852,6 @@ fn restarting_the_primary_under_a_writing_guest_gives_it_no_io_error() {
         "{}",
         guest.describe()
     );
-    let files = check_disk(&nodes[1], volume, scratch.path(), FILES);
+    let files = check_disk(&plugin, &nodes[1], &volume, scratch.path(), FILES);
     assert_eq!(files.len() as u32, FILES, "{files:?}");
 }
