@@ -2,7 +2,11 @@
 //! build), the package unpacked into a scratch root with `dpkg-deb -x`, and
 //! its contents checked: the binary runs, the unit verifies, completions and
 //! man pages name real subcommands, the plugin sits where Proxmox loads it,
-//! and the shipped client config is what the CLI reads.
+//! and the shipped client config is what the CLI reads. Then dpkg itself
+//! installs it into a throwaway root (`dpkg --root`, its own admin
+//! directory): files land, conffiles are registered, an edited conffile
+//! survives a reinstall, `-r` removes the files and keeps the conffiles,
+//! `--purge` removes those too.
 
 mod common;
 
@@ -17,7 +21,7 @@ const SUBCOMMANDS: &[&str] = &["status", "volume", "snapshot", "pool", "group", 
 
 #[test]
 fn deb_installs_binary_unit_plugin_completions_and_man_pages() {
-    if let Some(reason) = missing_tools(&["dpkg-deb", "make", "perl", "gzip"]) {
+    if let Some(reason) = missing_tools(&["dpkg-deb", "dpkg", "make", "perl", "gzip", "busybox"]) {
         skip(&reason);
         return;
     }
@@ -184,6 +188,136 @@ fn deb_installs_binary_unit_plugin_completions_and_man_pages() {
         "the CLI did not use the config's address: {}",
         failed.stderr
     );
+
+    install_with_dpkg(deb, tmp.path());
+}
+
+/// A root for `dpkg --root`: an empty admin directory, and a shell for the
+/// maintainer scripts, which dpkg runs chrooted into the root. The shell is
+/// busybox-static (it needs no libraries there); with no
+/// /run/systemd/system in the root the scripts take their no-systemd
+/// branches, so this shows they run and succeed, not what they do under
+/// systemd.
+fn throwaway_root(dir: &Path) -> Result<(), String> {
+    let busybox = run(&mut cmd("sh", &["-c", "command -v busybox"]));
+    let linked = exec(&mut cmd("ldd", &[busybox.trim()]), CLI_TIMEOUT);
+    if linked.success() {
+        return Err(format!(
+            "{} is linked dynamically: the maintainer scripts need busybox-static",
+            busybox.trim()
+        ));
+    }
+    let admin = dir.join("var/lib/dpkg");
+    for sub in ["info", "updates", "triggers"] {
+        std::fs::create_dir_all(admin.join(sub)).unwrap();
+    }
+    for file in ["status", "available"] {
+        std::fs::write(admin.join(file), "").unwrap();
+    }
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    std::fs::copy(busybox.trim(), dir.join("bin/sh")).unwrap();
+    Ok(())
+}
+
+/// `dpkg --root=ROOT ARGS...`, which must succeed; its stdout.
+fn dpkg(root: &Path, args: &[&str]) -> String {
+    let mut command = cmd("dpkg", &[format!("--root={}", root.display())]);
+    command.args(args);
+    let out = exec(&mut command, std::time::Duration::from_secs(300));
+    assert!(out.success(), "{}", out.describe(&format!("dpkg {args:?}")));
+    out.stdout
+}
+
+fn installed_conffiles(status: &str) -> Vec<String> {
+    status
+        .lines()
+        .skip_while(|line| *line != "Conffiles:")
+        .skip(1)
+        .take_while(|line| line.starts_with(' '))
+        .filter_map(|line| line.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+/// The package installed, reinstalled and removed by dpkg in a scratch root.
+/// libc6 is not in that root's database, so `--force-depends`: the root
+/// holds the package alone, not a system it would run on.
+fn install_with_dpkg(deb: &str, tmp: &Path) {
+    // chroot(2) for the maintainer scripts needs root.
+    let uid = run(&mut cmd("id", &["-u"]));
+    if uid.trim() != "0" {
+        skip("dpkg --root runs the maintainer scripts in a chroot, which needs root");
+        return;
+    }
+    let root = tmp.join("dpkg-root");
+    if let Err(reason) = throwaway_root(&root) {
+        skip(&reason);
+        return;
+    }
+    dpkg(&root, &["--force-depends", "-i", deb]);
+    let status = dpkg(&root, &["-s", "trireme"]);
+    assert!(status.contains("Status: install ok installed"), "{status}");
+    assert_eq!(
+        installed_conffiles(&status),
+        ["/etc/default/trireme", "/etc/trireme/client.toml"],
+        "{status}"
+    );
+    let listed = dpkg(&root, &["-L", "trireme"]);
+    for file in [
+        "/usr/bin/trireme",
+        "/usr/lib/systemd/system/trireme.service",
+        "/usr/share/perl5/PVE/Storage/Custom/TriremePlugin.pm",
+        "/usr/share/man/man1/trireme-node-run.1.gz",
+        "/usr/share/bash-completion/completions/trireme",
+        "/etc/default/trireme",
+        "/etc/trireme/client.toml",
+    ] {
+        assert!(
+            listed.lines().any(|line| line == file),
+            "dpkg -L does not list {file}"
+        );
+        assert!(root.join(&file[1..]).is_file(), "{file} did not land");
+    }
+    let printed = run(&mut cmd(
+        root.join("usr/bin/trireme").to_str().unwrap(),
+        &["--version"],
+    ));
+    assert!(printed.starts_with("trireme "), "{printed}");
+
+    // An admin's edit of a conffile survives a reinstall.
+    let client = root.join("etc/trireme/client.toml");
+    let edited = format!(
+        "{}# edited by the admin\n",
+        std::fs::read_to_string(&client).unwrap()
+    );
+    std::fs::write(&client, &edited).unwrap();
+    dpkg(&root, &["--force-depends", "-i", deb]);
+    assert_eq!(std::fs::read_to_string(&client).unwrap(), edited);
+
+    // Removal takes the files and leaves the conffiles, as configured.
+    dpkg(&root, &["-r", "trireme"]);
+    let status = dpkg(&root, &["-s", "trireme"]);
+    assert!(
+        status.contains("Status: deinstall ok config-files"),
+        "{status}"
+    );
+    for gone in [
+        "usr/bin/trireme",
+        "usr/lib/systemd/system/trireme.service",
+        "usr/share/perl5/PVE/Storage/Custom/TriremePlugin.pm",
+    ] {
+        assert!(!root.join(gone).exists(), "/{gone} is left after dpkg -r");
+    }
+    assert_eq!(std::fs::read_to_string(&client).unwrap(), edited);
+    assert!(root.join("etc/default/trireme").is_file());
+
+    // Purging takes the conffiles too.
+    dpkg(&root, &["--purge", "trireme"]);
+    assert!(!client.exists() && !root.join("etc/default/trireme").exists());
+    let query = exec(
+        cmd("dpkg", &[format!("--root={}", root.display())]).args(["-s", "trireme"]),
+        CLI_TIMEOUT,
+    );
+    assert!(!query.success(), "trireme is still known after --purge");
 }
 
 /// `systemd-analyze verify` of the unit, its ExecStart pointed at the
