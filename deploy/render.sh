@@ -15,11 +15,13 @@ kube_version=1.34.0
 out=kubernetes
 
 # What the plain files are rendered with: release and namespace trireme-csi,
-# the namespace object included, and a placeholder token in secret.yaml.
+# the namespace object included, a placeholder token in secret.yaml, and a
+# cluster with the snapshot CRDs (so the VolumeSnapshotClass is in).
 render() {
     # A go-installed helm knows no Kubernetes version (it assumes 1.20);
     # the chart needs 1.28 or newer.
     "$helm" template trireme-csi "$chart" --namespace trireme-csi --kube-version "$kube_version" \
+        --api-versions snapshot.storage.k8s.io/v1/VolumeSnapshotClass \
         --set namespace.create=true \
         --set token.value=PASTE-THE-ADMIN-TOKEN-HERE \
         "$@"

@@ -37,6 +37,9 @@ const PLAIN_FILES: &[&str] = &["trireme-csi.yaml", "storageclasses.yaml", "secre
 
 /// A go-installed helm assumes Kubernetes 1.20; the chart needs 1.28 or newer.
 const KUBE_VERSION: &str = "1.34.0";
+/// What a cluster with the snapshot CRDs offers: the chart makes its
+/// VolumeSnapshotClass only there.
+const SNAPSHOT_CLASS_API: &str = "snapshot.storage.k8s.io/v1/VolumeSnapshotClass";
 const HELM_TIMEOUT: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------- helm
@@ -78,6 +81,8 @@ fn render(helm: &Path, extra: &[&str]) -> Vec<Value> {
         "trireme-csi",
         "--kube-version",
         KUBE_VERSION,
+        "--api-versions",
+        SNAPSHOT_CLASS_API,
     ];
     args.extend_from_slice(extra);
     let text = run_t(&mut cmd(helm.to_str().unwrap(), &args), HELM_TIMEOUT);
@@ -202,6 +207,27 @@ fn every_manifest_follows_the_driver_contract() {
     let rendered = render(&helm, &["--set", "token.value=t0ken"]);
     check_contract(&rendered, "helm template (defaults)", Expect::default());
 
+    // A cluster without the snapshot CRDs gets no VolumeSnapshotClass (it
+    // would fail the whole install), the rest unchanged.
+    let text = run_t(
+        &mut cmd(
+            helm.to_str().unwrap(),
+            &[
+                "template",
+                "trireme-csi",
+                CHART,
+                "--kube-version",
+                KUBE_VERSION,
+                "--set",
+                "token.value=t0ken",
+            ],
+        ),
+        HELM_TIMEOUT,
+    );
+    let without_crds = parse_yaml(&text, "helm template (no snapshot CRDs)");
+    assert!(objects_of(&without_crds, "VolumeSnapshotClass").is_empty());
+    assert_eq!(without_crds.len() + 1, rendered.len());
+
     // Every reference moves along with the values (CUSTOM_VALUES).
     let tmp = TempDir::new("deploy-values");
     let values = tmp.path().join("values.yaml");
@@ -321,6 +347,8 @@ fn every_manifest_decodes_strictly_into_its_kubernetes_type() {
                 CHART,
                 "--kube-version",
                 KUBE_VERSION,
+                "--api-versions",
+                SNAPSHOT_CLASS_API,
                 "--set",
                 "token.existingSecret=x,controller.replicas=3,node.resources.limits.memory=256Mi",
             ],
