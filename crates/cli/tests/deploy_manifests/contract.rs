@@ -73,6 +73,12 @@ pub fn check_contract(objects: &[Value], origin: &str, expect: Expect) {
         Some("Topology=true"),
         "{origin}: csi-provisioner needs topology"
     );
+    // Each node's segment names the node: a strict requisite would be one
+    // node, where a volume of several replicas cannot be placed.
+    assert!(
+        flag(provisioner, "--strict-topology").is_none_or(|value| value == "false"),
+        "{origin}: csi-provisioner with --strict-topology"
+    );
     let replicas = controller["spec"]["replicas"].as_u64().unwrap_or(1);
     for sidecar in [&PROVISIONER, &ATTACHER, &SNAPSHOTTER, &RESIZER] {
         let leader_election = flags(container(controller, sidecar.container))
