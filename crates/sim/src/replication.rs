@@ -219,8 +219,9 @@ pub struct ReplicationSimConfig {
     /// it without applying it. Runs with it should fail.
     pub drop_writes: f64,
     /// Another test of the checks: replicas carry out data messages of
-    /// links their generation fenced (two primaries write). Runs with it
-    /// should fail.
+    /// links their generation fenced, and welcome a newer generation
+    /// without waiting out the leases they granted to older ones (two
+    /// primaries write). Runs with it should fail.
     pub ignore_fencing: bool,
     /// Print every event to stderr.
     pub trace: bool,
@@ -2475,11 +2476,23 @@ impl Sim {
                 primary,
             } => {
                 let now = self.now;
-                let outcome = node
-                    .side
-                    .as_mut()
-                    .expect("up")
-                    .on_hello(link, generation, primary, now);
+                let side = node.side.as_mut().expect("up");
+                let mut outcome = side.on_hello(link, generation, primary, now);
+                if let HelloOutcome::Wait { until_ms } = outcome {
+                    if self.cfg.ignore_fencing {
+                        // The bug switch: a replica that does not fence
+                        // does not hold a newer primary off until the leases
+                        // of older ones ran out either. Its side is told the
+                        // wait is over, so the two primaries overlap as they
+                        // would without the lease (with fencing, the wait
+                        // alone keeps most former primaries from writing on).
+                        outcome = side.on_hello(link, generation, primary, until_ms);
+                        assert!(
+                            !matches!(outcome, HelloOutcome::Wait { .. }),
+                            "a hello put off until {until_ms} waits again at that time"
+                        );
+                    }
+                }
                 match outcome {
                     HelloOutcome::Refuse(reply) => {
                         self.log(format!("node {member}: link {link}: {summary} refused"));
