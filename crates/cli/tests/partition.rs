@@ -244,7 +244,7 @@ fn in_sync_everywhere(node: &TestNode, volume: &str) -> bool {
 }
 
 #[test]
-fn a_cut_off_primary_cannot_complete_writes_and_the_majority_takes_over() {
+fn a_cut_off_primary_completes_no_write_serves_no_stale_read_and_the_majority_takes_over() {
     if !is_root() {
         skip("network namespaces need root");
         return;
@@ -320,11 +320,27 @@ fn a_cut_off_primary_cannot_complete_writes_and_the_majority_takes_over() {
         wait_until(Duration::from_secs(60), || qemu_io_ok(&qemu_io_in(
             &network.namespace(2),
             &n2,
-            &["write -P 0x22 1M 1M", "flush"]
+            &["write -P 0x22 0 2M", "flush"]
         ))),
         "the majority could not write through n2\n{}",
         nodes[1].log_tail()
     );
+
+    // Issue 19, item 1: n1 still believes it is the primary, and its own
+    // copy holds what n2 has overwritten (and maybe its stranded write).
+    // A read through it, on a new connection from its side, must fail or
+    // return the new data; never the old. Its read lease ran out before
+    // n2 could be welcomed.
+    let read = qemu_io_in(&network.namespace(1), &n1, &["read -v 0 8k"]);
+    match bytes_read(&read) {
+        None => {}
+        Some(bytes) => assert!(
+            bytes.iter().all(|&byte| byte == 0x22),
+            "the cut-off primary served a stale read (0x11 is the old data, 0x99 its failed write; n2 wrote 0x22): {:02x?}\n{}",
+            &bytes[..16],
+            nodes[0].log_tail()
+        ),
+    }
 
     // Heal: n1 is resynced, and its stranded write is gone everywhere.
     network.heal(1);
@@ -353,7 +369,7 @@ fn a_cut_off_primary_cannot_complete_writes_and_the_majority_takes_over() {
         qemu_io_ok(&qemu_io_in(
             &network.namespace(1),
             &n1,
-            &["read -P 0x11 0 1M", "read -P 0x22 1M 1M"],
+            &["read -P 0x22 0 2M"],
         ))
     });
     assert!(
@@ -361,6 +377,31 @@ fn a_cut_off_primary_cannot_complete_writes_and_the_majority_takes_over() {
         "n1's copy after healing is not the majority's\n{}",
         nodes[0].log_tail()
     );
+}
+
+/// The bytes of a `qemu-io` run of one `read -v`, from its hex dump, or
+/// `None` when the read failed (or the connection did).
+fn bytes_read(out: &CmdOut) -> Option<Vec<u8>> {
+    if !qemu_io_ok(out) {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    for line in out.stdout.lines() {
+        // "00000000:  22 22 ... 22  ................"
+        let Some((offset, rest)) = line.split_once(':') else {
+            continue;
+        };
+        if offset.len() != 8 || !offset.bytes().all(|c| c.is_ascii_hexdigit()) {
+            continue;
+        }
+        bytes.extend(
+            rest.split_whitespace()
+                .take(16)
+                .map(|word| u8::from_str_radix(word, 16).expect("a hex byte in qemu-io's dump")),
+        );
+    }
+    assert!(!bytes.is_empty(), "{}", out.describe("qemu-io read -v"));
+    Some(bytes)
 }
 
 /// fio inside `namespace`: 4k random writes over 64 MiB with crc32c

@@ -7,7 +7,9 @@
 //! - replicas added and removed online, refusals that would lose quorum,
 //!   and other bad requests with errors that name what was wrong;
 //! - an evicted node's replica is placed elsewhere and filled by a full
-//!   sync.
+//!   sync;
+//! - a primary frozen (SIGSTOP) past its timeouts with writes in flight
+//!   fails none of them and outdates no replica.
 
 mod common;
 
@@ -425,5 +427,102 @@ fn an_evicted_nodes_replica_is_placed_elsewhere_and_filled() {
             "read -P 0x52 6M 2M",
             "read -P 0 8M 24M",
         ],
+    );
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to the process `pid`.
+fn signal(pid: u32, signal: &str) {
+    run(Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]));
+}
+
+#[test]
+fn a_primary_frozen_past_its_timeouts_fails_no_write_and_outdates_nobody() {
+    // Issue 19, item 5: SIGSTOP the primary's process while a client has
+    // writes in flight, for longer than the ack timeout (5 s) and the
+    // no-quorum failure (8 s), then SIGCONT. The replicas answered
+    // everything; their answers wait in the primary's sockets. Time the
+    // primary itself was stopped must not count against them: no write
+    // fails, nobody is outdated, and every block reads back as written.
+    if !tools_or_skip(&["fio"]) {
+        return;
+    }
+    const FROZEN: Duration = Duration::from_secs(10);
+    let nodes = three_nodes();
+    nodes[0].cli(&["volume", "create", "fz", "--size", "64M"]);
+    wait_in_sync(&nodes[0], "fz", Duration::from_secs(30));
+    attach(&nodes[0], "fz", "n1", &[]);
+    wait_served(&nodes[0], "fz");
+
+    // 6,144 random 4 KiB writes at 300 a second: about 20 s of writing,
+    // 16 in flight, then fio reads every block back and checks it.
+    let uri = nodes[0].uri("fz");
+    let report_dir = TempDir::new("fio");
+    let report_path = report_dir.path().join("fio.json");
+    let output = format!("--output={}", report_path.display());
+    let writer = std::thread::spawn(move || {
+        let mut fio = Command::new("fio");
+        fio.args([
+            "--name=frozen",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=24M",
+            "--iodepth=16",
+            "--rate_iops=300",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+            "--output-format=json",
+            &output,
+        ]);
+        exec(&mut fio, Duration::from_secs(300))
+    });
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(!writer.is_finished(), "fio ended before the freeze");
+    let pid = nodes[0].pid();
+    signal(pid, "STOP");
+    // The node goes on if an assertion below fails (its drop kills it).
+    let _thaw = Guard(Some(move || {
+        let _ = Command::new("kill")
+            .args(["-CONT", &pid.to_string()])
+            .status();
+    }));
+    std::thread::sleep(FROZEN);
+    assert!(
+        !writer.is_finished(),
+        "fio ended while the primary was stopped"
+    );
+    signal(pid, "CONT");
+
+    let out = writer.join().unwrap();
+    assert!(
+        out.success(),
+        "a write or a verifying read failed across the freeze\n{}\n{}",
+        out.describe("fio"),
+        nodes[0].log_tail()
+    );
+    let report = std::fs::read_to_string(&report_path).unwrap();
+    let report: Value = serde_json::from_str(&report)
+        .unwrap_or_else(|error| panic!("fio JSON ({error}): {report}"));
+    let job = &report["jobs"][0];
+    assert_eq!(job["error"].as_u64(), Some(0), "fio job error: {job}");
+    assert_eq!(
+        job["write"]["total_ios"].as_u64(),
+        Some(6_144),
+        "fio did not write every block: {job}"
+    );
+    // Nobody was outdated, so nothing was resynced.
+    let shown = show(&nodes[1], "fz");
+    assert!(
+        all_in_sync(&shown),
+        "a healthy replica was outdated by the freeze: {shown:#}\n{}",
+        nodes[0].log_tail()
+    );
+    let copied = resynced_bytes(&nodes[0]);
+    assert!(
+        copied.is_empty(),
+        "replicas were resynced after the freeze: {copied:?}\n{}",
+        nodes[0].log_tail()
     );
 }
