@@ -6,6 +6,7 @@
 //! - `validate`: checks of names, sizes and bodies, before any store call.
 //! - `system`, `pools`, `volumes`, `snapshots`, `verify`, `cluster`: the
 //!   handlers.
+//! - `ui`: the web dashboard at `/ui`, its assets embedded in the binary.
 //!
 //! Handlers validate the request, then run the blocking node operation on
 //! `spawn_blocking` so a slow disk never stalls the reactor.
@@ -17,6 +18,7 @@ mod nodes;
 mod pools;
 mod snapshots;
 mod system;
+mod ui;
 mod validate;
 mod verify;
 mod volumes;
@@ -204,6 +206,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/health", get(system::health))
         .route("/api/v1/openapi.json", get(system::openapi))
         .merge(protected)
+        .merge(ui::router())
         // Signed by a member (checked in the handler), like /internal/v1.
         .route(verify::PATH_INTERNAL_VERIFY, post(verify::internal_verify))
         .fallback(unknown_endpoint)

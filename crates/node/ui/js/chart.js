@@ -1,0 +1,63 @@
+// A line chart in SVG, drawn here: a few series over the last samples,
+// a y axis from 0 to a rounded maximum, and the time span below.
+
+import { s, h } from './dom.js';
+
+const WIDTH = 600;
+const HEIGHT = 150;
+const LEFT = 64;
+const BOTTOM = 18;
+const TOP = 8;
+
+/** A "nice" ceiling for the y axis: 1, 2 or 5 times a power of ten. */
+function ceiling(value) {
+  if (!(value > 0)) return 1;
+  const power = 10 ** Math.floor(Math.log10(value));
+  for (const step of [1, 2, 5, 10]) {
+    if (value <= step * power) return step * power;
+  }
+  return 10 * power;
+}
+
+/**
+ * samples: [{time: ms, values: {key: number}}], oldest first.
+ * series: [{key, label, className}]; format: number -> axis text.
+ */
+export function lineChart({ title, samples, series, format, spanMs }) {
+  const now = samples.length ? samples[samples.length - 1].time : Date.now();
+  const span = spanMs ?? 5 * 60 * 1000;
+  const maximum = ceiling(
+    Math.max(0, ...samples.flatMap((sample) => series.map((one) => sample.values[one.key] ?? 0))),
+  );
+  const x = (time) => LEFT + ((time - (now - span)) / span) * (WIDTH - LEFT);
+  const y = (value) => TOP + (1 - value / maximum) * (HEIGHT - TOP - BOTTOM);
+  const grid = [0, 0.5, 1].map((share) =>
+    s('g', { class: 'grid' },
+      s('line', { x1: LEFT, x2: WIDTH, y1: y(maximum * share), y2: y(maximum * share) }),
+      s('text', { x: LEFT - 6, y: y(maximum * share) + 4, 'text-anchor': 'end' }, format(maximum * share)),
+    ),
+  );
+  const lines = series.map((one) => {
+    const points = samples
+      .filter((sample) => sample.time >= now - span)
+      .map((sample) => `${x(sample.time).toFixed(1)},${y(sample.values[one.key] ?? 0).toFixed(1)}`);
+    return s('polyline', { class: `line ${one.className}`, points: points.join(' '), dataset: { series: one.key } });
+  });
+  const svg = s(
+    'svg',
+    { viewBox: `0 0 ${WIDTH} ${HEIGHT}`, class: 'chart', role: 'img', 'aria-label': title },
+    grid,
+    lines,
+    s('text', { class: 'axis', x: LEFT, y: HEIGHT - 4 }, `−${Math.round(span / 60000)} min`),
+    s('text', { class: 'axis', x: WIDTH, y: HEIGHT - 4, 'text-anchor': 'end' }, 'now'),
+  );
+  const latest = samples[samples.length - 1]?.values ?? {};
+  const legend = h(
+    'div',
+    { class: 'legend' },
+    series.map((one) =>
+      h('span', { class: `key ${one.className}` }, `${one.label} ${format(latest[one.key] ?? 0)}`),
+    ),
+  );
+  return h('figure', { class: 'chart-box' }, h('figcaption', {}, title), svg, legend);
+}
