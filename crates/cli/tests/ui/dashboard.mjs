@@ -67,8 +67,12 @@ const browser = await chromium.launch({
   executablePath: chromiumPath,
   headless: true,
   // Debian's chromium as root refuses to start without --no-sandbox; CI
-  // machines have a small /dev/shm.
-  args: ['--no-sandbox', '--disable-dev-shm-usage', '--disable-gpu'],
+  // machines have a small /dev/shm and no way out to the internet, where
+  // chromium's own background connections would only fail.
+  args: [
+    '--no-sandbox', '--disable-dev-shm-usage', '--disable-gpu', '--disable-quic',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run',
+  ],
 });
 const problems = [];
 function watch(page) {
@@ -240,6 +244,9 @@ try {
   await page.click('nav a[data-page=""]');
   await page.locator('[data-card=nodes] .card-value').filter({ hasText: '2 / 3 online' }).waitFor();
   await shot(page, 'overview-node-down');
+  await page.goto(`${base}/ui/#/volumes/${attachedVolume}`);
+  await page.locator(`[data-replica="${victim}"]`).waitFor();
+  await shot(page, 'volume-node-down');
 
   step('unknown pages: a 404 page from the server, a "no such page" in the app');
   const missing = await page.goto(`${base}/ui/no-such-page`);
