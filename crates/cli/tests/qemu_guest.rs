@@ -183,6 +183,8 @@ fn guest_image() -> Result<GuestImage, String> {
         "e2fsck",
         "debugfs",
         "nbdcopy",
+        // The plugin, which gives QEMU its disk.
+        "perl",
     ]) {
         return Err(missing);
     }
