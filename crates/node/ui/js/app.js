@@ -13,7 +13,7 @@ const POLL_MS = 2000;
 const HISTORY_SAMPLES = 150;
 /** Events kept in the page; older ones are dropped. */
 const EVENTS_KEPT = 500;
-const EVENTS_PAGE = 200;
+const EVENTS_PAGE = 100;
 /** Pages of events read in one poll, so a huge backlog cannot stall it. */
 const EVENT_PAGES_PER_POLL = 5;
 
@@ -103,7 +103,9 @@ async function pollIo() {
     state.io.available = true;
     state.io.message = null;
     state.io.latest = io;
-    state.io.missingNodes = io.missing_nodes ?? [];
+    // Names, or objects naming a node: shown either way.
+    state.io.missingNodes = (io.missing_nodes ?? []).map((missing) =>
+      typeof missing === 'string' ? missing : missing?.node ?? missing?.name ?? JSON.stringify(missing));
     state.io.cluster.push({ time, values: pick(io) });
     keep(state.io.cluster, HISTORY_SAMPLES);
     const perVolume = new Map();

@@ -19,14 +19,20 @@ function ceiling(value) {
   return 10 * power;
 }
 
+/** For byte rates: a power of two, so the axis reads 64 MiB/s, 32 MiB/s. */
+export function binaryCeiling(value) {
+  return value > 1 ? 2 ** Math.ceil(Math.log2(value)) : 1;
+}
+
 /**
  * samples: [{time: ms, values: {key: number}}], oldest first.
- * series: [{key, label, className}]; format: number -> axis text.
+ * series: [{key, label, className}]; format: number -> axis text;
+ * top: the axis' maximum for the largest value [default: 1, 2 or 5 × 10^n].
  */
-export function lineChart({ title, samples, series, format, spanMs }) {
+export function lineChart({ title, samples, series, format, spanMs, top = ceiling }) {
   const now = samples.length ? samples[samples.length - 1].time : Date.now();
   const span = spanMs ?? 5 * 60 * 1000;
-  const maximum = ceiling(
+  const maximum = top(
     Math.max(0, ...samples.flatMap((sample) => series.map((one) => sample.values[one.key] ?? 0))),
   );
   const x = (time) => LEFT + ((time - (now - span)) / span) * (WIDTH - LEFT);

@@ -2,7 +2,7 @@
 // page for an unknown fragment. Volumes are in volumes.js.
 
 import { h, replace, bytes, rate, iops, duration, badge, bar } from './dom.js';
-import { lineChart } from './chart.js';
+import { lineChart, binaryCeiling } from './chart.js';
 import { volumesPage, volumePage } from './volumes.js';
 
 /** [fragment, label] of the navigation, in order. */
@@ -92,6 +92,7 @@ export function ioCharts(io, history, what) {
         title: 'Throughput',
         samples: history,
         format: rate,
+        top: binaryCeiling,
         series: [
           { key: 'read_bytes_per_sec', label: 'read', className: 'read' },
           { key: 'write_bytes_per_sec', label: 'write', className: 'write' },
