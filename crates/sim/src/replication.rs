@@ -2947,12 +2947,16 @@ impl Sim {
         n.crashed_lc = lc;
         n.side = None;
         // The disk: unflushed writes are lost, or reached the platter
-        // before the crash; in-flight writes are torn.
+        // before the crash; in-flight writes are torn. A block that fits on
+        // no replica (written while every pool was full) never lands: the
+        // disk would have refused it. (Seed 3000058: one landed on the
+        // copy that became the only up-to-date one, and no resync could
+        // ever copy it to the others.)
         if let Some(disk) = n.disk.as_mut() {
             for op in std::mem::take(&mut disk.pending).into_values() {
                 if let DiskKind::Write { first, tags, .. } = op.kind {
                     for (i, tag) in tags.into_iter().enumerate() {
-                        if self.rng.gen_bool(0.3) {
+                        if self.rng.gen_bool(0.3) && !self.no_room.contains(&tag) {
                             disk.durable[first as usize + i] = tag;
                             disk.corrupt[first as usize + i] = false;
                         }

@@ -18,9 +18,13 @@ const DEFAULT_SEEDS: u64 = 600;
 /// (1011911) a snapshot that waited forever for a member outdated while
 /// still linked to answer failed writes, and (728, 849, 2033) a primary cut
 /// off and replaced that answered reads from its copy, without a lease:
-/// locally, through its engine, and with a tiebreaker.
+/// locally, through its engine, and with a tiebreaker; (3000058, 3000648,
+/// 3001260, 3001534) a crash that tore in a write made while every pool was
+/// full, so that the only up-to-date copy held a block no resync could
+/// ever copy (a fault of the simulated disk, not of trireme).
 const FOUND_SEEDS: &[u64] = &[
-    105499, 112083, 113575, 115878, 209760, 1011911, 728, 849, 2033,
+    105499, 112083, 113575, 115878, 209760, 1011911, 728, 849, 2033, 3000058, 3000648, 3001260,
+    3001534,
 ];
 
 fn env_u64(name: &str) -> Option<u64> {
