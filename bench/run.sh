@@ -9,6 +9,9 @@
 # all in one scratch directory on the same disk, and writes bench/RESULTS.md.
 #
 # Usage: bench/run.sh [--quick] [--no-build]
+#        bench/run.sh --steady [--quick] [--no-build]: the steady-state mode
+#                 (issue 24), one volume, the jobs in sequence, no sync between
+#                 them, baseline qemu-nbd --cache=none; see bench/steady.sh
 #   env: RUNTIME  seconds per fio run        (default 10; --quick: 3)
 #        REPEAT   runs per job, median kept  (default 3;  --quick: 1)
 #        SIZE     volume / file size         (default 2G; --quick: 256M)
@@ -28,6 +31,7 @@ repo=$(cd "$here/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
 cmdline="bench/run.sh $*"
+case " $* " in *" --steady "*) exec "$here/steady.sh" "$@" ;; esac
 quick=0
 build=1
 for a in "$@"; do

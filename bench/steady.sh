@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# trireme steady-state benchmark (issue 24): the jobs run in sequence on ONE
+# volume, as a user's VM or database would use its disk for minutes (reads
+# between writes), with no `sync` and no cache drop between them, beside the
+# same sequence against
+#   qemu-direct  qemu-nbd -f raw --cache=none --aio=native -e 16 (the baseline)
+#   raw          fio --ioengine=libaio --direct=1 on a raw file (context)
+#   qemu-nbd     qemu-nbd --cache=writeback (context only; not in the default)
+# Run as `bench/run.sh --steady [...]` or directly.
+#
+# Usage: bench/steady.sh [--quick] [--no-build]
+#   env: WRITE_MIN  minimum seconds of each write job  (default 120; --quick: 10)
+#        READ_TIME  seconds of each read job            (default 30;  --quick: 5)
+#        VOLUMES    a write job also runs until it has written VOLUMES x SIZE
+#                   (default 2; --quick: 0, i.e. time only)
+#        SIZE       volume / file size                  (default 2G; --quick: 256M)
+#        SEQUENCE   the jobs in order (default "J6 J2 J3 J4 J5 J1 J2")
+#        REPEAT     whole sequences per target, each on a fresh prefilled
+#                   volume; medians are shown            (default 1)
+#        TARGETS    default "trireme qemu-direct raw"
+#        SCRATCH    scratch dir (not tmpfs)               (default target/bench-scratch-steady)
+#        OUT        results file (default bench/RESULTS.md; only the part between
+#                   <!-- steady:begin --> and <!-- steady:end --> is replaced)
+# Each write job is time-based for WRITE_MIN seconds; when it has not written
+# VOLUMES x SIZE by then it continues (a second fio run, its latency bins and
+# IOPS curve joined to the first) until it has.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
+cmdline="bench/steady.sh $*"
+quick=0
+build=1
+for a in "$@"; do
+    case "$a" in
+        --quick) quick=1 ;;
+        --no-build) build=0 ;;
+        --steady) ;;
+        -h|--help) usage "$0"; exit 0 ;;
+        *) echo "unknown argument: $a" >&2; exit 2 ;;
+    esac
+done
+if [ $quick = 1 ]; then
+    WRITE_MIN=${WRITE_MIN:-10}; READ_TIME=${READ_TIME:-5}; SIZE=${SIZE:-256M}; VOLUMES=${VOLUMES:-0}
+fi
+WRITE_MIN=${WRITE_MIN:-120}
+READ_TIME=${READ_TIME:-30}
+VOLUMES=${VOLUMES:-2}
+SIZE=${SIZE:-2G}
+SEQUENCE=${SEQUENCE:-J6 J2 J3 J4 J5 J1 J2}
+REPEAT=${REPEAT:-1}
+TARGETS=${TARGETS:-trireme qemu-direct raw}
+SCRATCH=${SCRATCH:-$repo/target/bench-scratch-steady}
+OUT=${OUT:-$here/RESULTS.md}
+envline="WRITE_MIN=$WRITE_MIN READ_TIME=$READ_TIME VOLUMES=$VOLUMES SIZE=$SIZE REPEAT=$REPEAT SEQUENCE=\"$SEQUENCE\" TARGETS=\"$TARGETS\""
+
+log() { printf '[steady %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+for t in fio python3 qemu-nbd; do command -v $t >/dev/null || die "$t not installed"; done
+for j in $SEQUENCE; do case "$j" in J[1-6]) ;; *) die "unknown job $j (SEQUENCE takes J1..J6)" ;; esac; done
+for t in $TARGETS; do case "$t" in trireme|qemu-direct|raw|qemu-nbd) ;; *) die "unknown target $t" ;; esac; done
+
+size_bytes=$(python3 -c "
+import sys,re
+m=re.fullmatch(r'(\d+)([KMGT]?)', sys.argv[1].upper().rstrip('IB'))
+print(int(m.group(1)) * 1024**' KMGT'.index(m.group(2) or ' '))" "$SIZE")
+pool_bytes=$(( size_bytes + size_bytes / 4 + (512 << 20) ))
+
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+rm -rf "$SCRATCH"
+mkdir -p "$SCRATCH"
+fstype=$(df --output=fstype "$SCRATCH" | tail -1 | tr -d ' ')
+device=$(device_of "$SCRATCH")
+case "$fstype" in tmpfs|ramfs|overlay-tmpfs) die "scratch $SCRATCH is on $fstype: choose SCRATCH on a real disk" ;; esac
+avail_bytes=$(( $(df --output=avail -k "$SCRATCH" | tail -1) * 1024 ))
+[ "$avail_bytes" -ge $(( pool_bytes + (1 << 30) )) ] || die "scratch $SCRATCH has too little room for SIZE=$SIZE"
+
+if [ $build = 1 ] && [[ " $TARGETS " == *" trireme "* ]]; then
+    log "building trireme (release)"
+    (cd "$repo" && cargo build --release -p trireme >&2)
+fi
+bin=$repo/target/release/trireme
+case " $TARGETS " in *" trireme "*) [ -x "$bin" ] || die "$bin missing (build failed?)" ;; esac
+
+pids_to_kill=()
+cleanup() {
+    for p in "${pids_to_kill[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
+    sleep 0.5
+    for p in "${pids_to_kill[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() {
+    for _ in $(seq 1 200); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+results=$SCRATCH/results.jsonl
+: > "$results"
+
+job_args() {
+    case "$1" in
+        J1) echo "--rw=randwrite --bs=4k --iodepth=1 --fsync=1" ;;
+        J2) echo "--rw=randwrite --bs=4k --iodepth=32" ;;
+        J3) echo "--rw=randread --bs=4k --iodepth=32" ;;
+        J4) echo "--rw=randrw --rwmixread=50 --bs=4k --iodepth=16 --numjobs=4" ;;
+        J5) echo "--rw=write --bs=128k --iodepth=16" ;;
+        J6) echo "--rw=read --bs=128k --iodepth=16" ;;
+    esac
+}
+job_numjobs() { case "$1" in J4) echo 4 ;; *) echo 1 ;; esac; }
+is_write_job() { case "$1" in J3|J6) return 1 ;; *) return 0 ;; esac; }
+
+# snapshot SERVER_PID DATA_FILE -> one JSON object: device sectors written,
+# the server's write_bytes (/proc/PID/io), CPU ticks, and the data file's
+# dirty / writeback pages (cachestat) and the system's Dirty / Writeback.
+snapshot() {
+    python3 "$here/steady_probe.py" "$device" "${1:-}" "${2:-}"
+}
+
+# run_step TARGET REP STEP JOB SERVER_PID DATA_FILE ENGINE_ARGS...
+run_step() {
+    local target=$1 rep=$2 step=$3 job=$4 spid=$5 dfile=$6; shift 6
+    local base=$SCRATCH/$target-$rep-$step-$job before after piece=0 written=0 want
+    local nj; nj=$(job_numjobs "$job")
+    before=$(snapshot "$spid" "$dfile")
+    local t0; t0=$(date +%s.%N)
+    want=$(( VOLUMES * size_bytes ))
+    while :; do
+        local json=$base.$piece.json timing
+        if [ $piece = 0 ]; then
+            if is_write_job "$job"; then timing="--runtime=$WRITE_MIN --time_based"; else timing="--runtime=$READ_TIME --time_based"; fi
+        else
+            # Continue until the job has written VOLUMES x SIZE: the rest,
+            # over the job's fio processes (a mixed job writes half of its I/O).
+            local rest=$(( (want - written) / nj ))
+            [ "$job" = J4 ] && rest=$(( rest * 2 ))
+            timing="--io_size=$rest --runtime=3600"
+        fi
+        # shellcheck disable=SC2046,SC2086
+        timeout 4000 fio --name="$job" "$@" $(job_args "$job") --size="$SIZE" $timing \
+            --group_reporting --randrepeat=0 --norandommap \
+            --write_iops_log="$base.$piece" --log_avg_msec=10000 \
+            --output-format=json+ --output="$json" >/dev/null 2>"$json.err" \
+            || { cat "$json.err" >&2; die "fio $target $job failed"; }
+        written=$(( written + $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["jobs"][0]["write"]["io_bytes"])' "$json") ))
+        piece=$(( piece + 1 ))
+        if ! is_write_job "$job" || [ "$written" -ge "$want" ]; then break; fi
+        log "  $target $job: $(( written >> 20 )) MiB written after ${WRITE_MIN}s, continuing to $(( want >> 20 )) MiB"
+    done
+    local t1; t1=$(date +%s.%N)
+    after=$(snapshot "$spid" "$dfile")
+    python3 "$here/steady_report.py" step "$target" "$rep" "$step" "$job" "$base" "$piece" \
+        "$t0" "$t1" "$before" "$after" >>"$results"
+    tail -1 "$results" | python3 -c 'import json,sys; r=json.load(sys.stdin); print("  %-11s #%d %d:%s %9.0f IOPS p99 %8.0f p99.9 %8.0f max %8.0f us  %s  dirty(file) %s MiB WA %s" % (r["target"], r["rep"], r["step"], r["job"], r["iops"], r["p99"], r["p999"], r["max"], r["spark"], r["file_dirty_mib"], r["wa_server"]))' >&2
+}
+
+# run_sequence TARGET REP SERVER_PID DATA_FILE ENGINE_ARGS...: prefill, then
+# the sequence, nothing in between.
+run_sequence() {
+    local target=$1 rep=$2 spid=$3 dfile=$4; shift 4
+    log "$target #$rep: prefill (sequential 1 MiB writes over $SIZE)"
+    timeout 900 fio --name=prefill "$@" --rw=write --bs=1M --iodepth=8 --size="$SIZE" \
+        --output="$SCRATCH/$target-$rep-prefill.txt" >/dev/null 2>&1 || die "prefill of $target failed"
+    local step=0
+    for job in $SEQUENCE; do
+        step=$(( step + 1 ))
+        run_step "$target" "$rep" "$step" "$job" "$spid" "$dfile" "$@"
+    done
+}
+
+run_qemu_nbd() { # TARGET REP QEMU_NBD_ARGS...
+    local target=$1 rep=$2; shift 2
+    local port img=$SCRATCH/$target.raw qpid
+    port=$(free_port)
+    fallocate -l "$size_bytes" "$img" 2>/dev/null || truncate -s "$size_bytes" "$img"
+    qemu-nbd -f raw "$@" -t -e 16 -x bench -b 127.0.0.1 -p "$port" \
+        --pid-file="$SCRATCH/$target.pid" --fork "$img"
+    qpid=$(cat "$SCRATCH/$target.pid")
+    pids_to_kill+=("$qpid")
+    wait_port "$port" || die "$target (qemu-nbd) not listening"
+    run_sequence "$target" "$rep" "$qpid" "$img" --ioengine=nbd --uri="nbd://127.0.0.1:$port/bench"
+    kill "$qpid" 2>/dev/null || true
+    rm -f "$img"
+}
+
+for rep in $(seq 1 "$REPEAT"); do
+    for target in $TARGETS; do
+        case "$target" in
+        trireme)
+            nbd_port=$(free_port); api_port=$(free_port)
+            data=$SCRATCH/trireme-data
+            rm -rf "$data"; mkdir -p "$data"
+            "$bin" node run --data-dir "$data" --nbd-listen "127.0.0.1:$nbd_port" \
+                --nbd-socket "$data/nbd.sock" --api-listen "127.0.0.1:$api_port" \
+                >"$SCRATCH/trireme.log" 2>&1 &
+            tpid=$!
+            pids_to_kill+=("$tpid")
+            for _ in $(seq 1 600); do
+                grep -qiw ready "$SCRATCH/trireme.log" && break
+                kill -0 $tpid 2>/dev/null || { cat "$SCRATCH/trireme.log" >&2; die "trireme exited"; }
+                sleep 0.1
+            done
+            api=(--api "http://127.0.0.1:$api_port")
+            "$bin" "${api[@]}" pool create bench --path "$SCRATCH/trireme-pool.img" \
+                --size "$pool_bytes" --class ssd >&2 || die "pool create failed"
+            "$bin" "${api[@]}" volume create bench --size "$size_bytes" --pool bench >&2 \
+                || die "volume create failed"
+            run_sequence trireme "$rep" "$tpid" "$SCRATCH/trireme-pool.img" \
+                --ioengine=nbd --uri="nbd://127.0.0.1:$nbd_port/bench"
+            kill "$tpid"; wait "$tpid" 2>/dev/null || true
+            rm -rf "$data" "$SCRATCH/trireme-pool.img"
+            ;;
+        qemu-direct) run_qemu_nbd qemu-direct "$rep" --cache=none --aio=native ;;
+        qemu-nbd) run_qemu_nbd qemu-nbd "$rep" --cache=writeback --aio=threads ;;
+        raw)
+            img=$SCRATCH/raw.img
+            fallocate -l "$size_bytes" "$img" 2>/dev/null || truncate -s "$size_bytes" "$img"
+            run_sequence raw "$rep" "" "$img" --ioengine=libaio --direct=1 --filename="$img"
+            rm -f "$img"
+            ;;
+        esac
+    done
+done
+
+log "writing $OUT"
+export B_LOAD="load average at start $load_start, at end $(cut -d' ' -f1-3 /proc/loadavg)"
+export B_DIRTY="$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
+export B_TARGETS="$TARGETS" B_SEQUENCE="$SEQUENCE" B_REPO="$repo" B_CMD="$envline $cmdline" \
+    B_DISK="$(disk_info "$SCRATCH" "$fstype")" B_SIZE="$SIZE" B_REPEAT="$REPEAT" \
+    B_WRITE_MIN="$WRITE_MIN" B_READ_TIME="$READ_TIME" B_VOLUMES="$VOLUMES"
+python3 "$here/steady_report.py" table "$results" "$OUT"
+log "done: $OUT (fio output in $SCRATCH)"
