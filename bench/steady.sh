@@ -12,7 +12,9 @@
 #   env: WRITE_MIN  minimum seconds of each write job  (default 120; --quick: 10)
 #        READ_TIME  seconds of each read job            (default 30;  --quick: 5)
 #        VOLUMES    a write job also runs until it has written VOLUMES x SIZE
-#                   (default 2; --quick: 0, i.e. time only)
+#                   (default 2; --quick: 0, i.e. time only), but J1 (QD1, a
+#                   flush after every write: hours for 2x the volume) and
+#                   never longer than WRITE_MAX seconds in all (default 600)
 #        SIZE       volume / file size                  (default 2G; --quick: 256M)
 #        SEQUENCE   the jobs in order (default "J6 J2 J3 J4 J5 J1 J2")
 #        REPEAT     whole sequences per target, each on a fresh prefilled
@@ -46,6 +48,7 @@ if [ $quick = 1 ]; then
     WRITE_MIN=${WRITE_MIN:-10}; READ_TIME=${READ_TIME:-5}; SIZE=${SIZE:-256M}; VOLUMES=${VOLUMES:-0}
 fi
 WRITE_MIN=${WRITE_MIN:-120}
+WRITE_MAX=${WRITE_MAX:-600}
 READ_TIME=${READ_TIME:-30}
 VOLUMES=${VOLUMES:-2}
 SIZE=${SIZE:-2G}
@@ -54,7 +57,7 @@ REPEAT=${REPEAT:-1}
 TARGETS=${TARGETS:-trireme qemu-direct raw}
 SCRATCH=${SCRATCH:-$repo/target/bench-scratch-steady}
 OUT=${OUT:-$here/RESULTS.md}
-envline="WRITE_MIN=$WRITE_MIN READ_TIME=$READ_TIME VOLUMES=$VOLUMES SIZE=$SIZE REPEAT=$REPEAT SEQUENCE=\"$SEQUENCE\" TARGETS=\"$TARGETS\""
+envline="WRITE_MIN=$WRITE_MIN WRITE_MAX=$WRITE_MAX READ_TIME=$READ_TIME VOLUMES=$VOLUMES SIZE=$SIZE REPEAT=$REPEAT SEQUENCE=\"$SEQUENCE\" TARGETS=\"$TARGETS\""
 
 log() { printf '[steady %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -133,6 +136,7 @@ run_step() {
     before=$(snapshot "$spid" "$dfile")
     local t0; t0=$(date +%s.%N)
     want=$(( VOLUMES * size_bytes ))
+    [ "$job" = J1 ] && want=0
     while :; do
         local json=$base.$piece.json timing
         if [ $piece = 0 ]; then
@@ -142,7 +146,8 @@ run_step() {
             # over the job's fio processes (a mixed job writes half of its I/O).
             local rest=$(( (want - written) / nj ))
             [ "$job" = J4 ] && rest=$(( rest * 2 ))
-            timing="--io_size=$rest --runtime=3600"
+            local left; left=$(python3 -c "import time; print(max(10, int($WRITE_MAX - (time.time() - $t0))))")
+            timing="--io_size=$rest --runtime=$left"
         fi
         # shellcheck disable=SC2046,SC2086
         timeout 4000 fio --name="$job" "$@" $(job_args "$job") --size="$SIZE" $timing \
@@ -153,6 +158,10 @@ run_step() {
         written=$(( written + $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["jobs"][0]["write"]["io_bytes"])' "$json") ))
         piece=$(( piece + 1 ))
         if ! is_write_job "$job" || [ "$written" -ge "$want" ]; then break; fi
+        if python3 -c "import sys,time; sys.exit(0 if time.time() - $t0 >= $WRITE_MAX - 10 else 1)"; then
+            log "  $target $job: stopped at WRITE_MAX=${WRITE_MAX}s with $(( written >> 20 )) MiB written"
+            break
+        fi
         log "  $target $job: $(( written >> 20 )) MiB written after ${WRITE_MIN}s, continuing to $(( want >> 20 )) MiB"
     done
     local t1; t1=$(date +%s.%N)
@@ -235,6 +244,6 @@ export B_LOAD="load average at start $load_start, at end $(cut -d' ' -f1-3 /proc
 export B_DIRTY="$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
 export B_TARGETS="$TARGETS" B_SEQUENCE="$SEQUENCE" B_REPO="$repo" B_CMD="$envline $cmdline" \
     B_DISK="$(disk_info "$SCRATCH" "$fstype")" B_SIZE="$SIZE" B_REPEAT="$REPEAT" \
-    B_WRITE_MIN="$WRITE_MIN" B_READ_TIME="$READ_TIME" B_VOLUMES="$VOLUMES"
+    B_WRITE_MIN="$WRITE_MIN" B_WRITE_MAX="$WRITE_MAX" B_READ_TIME="$READ_TIME" B_VOLUMES="$VOLUMES"
 python3 "$here/steady_report.py" table "$results" "$OUT"
 log "done: $OUT (fio output in $SCRATCH)"
