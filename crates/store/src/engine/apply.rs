@@ -33,6 +33,76 @@ pub(super) const APPLY_BATCH_MIN_BYTES: u64 = 4 << 20;
 const APPLY_BATCH_MAX_BYTES: u64 = 16 << 20;
 /// Bounds replay time after a crash.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+/// In-place bytes started towards the device (`sync_file_range`) before the
+/// applier waits for them: with the unapplied-data limit, this bounds how
+/// much of the pool's data is ever dirty in the page cache (see
+/// `docs/store-format.md`, *Bounded write-back*).
+pub(super) const WRITEBACK_WAIT_BYTES: u64 = 32 << 20;
+
+/// In-place data whose write-back the applier started and has not waited
+/// for: its byte count and the device range it lies in.
+#[derive(Default)]
+pub struct Writeback {
+    started_bytes: u64,
+    range: Option<(u64, u64)>,
+}
+
+/// `sync_file_range(2)` over `[from, to)` of `file`.
+fn sync_range(file: &std::fs::File, from: u64, to: u64, flags: u32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain system call on an open descriptor.
+    let result = unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            from as libc::off64_t,
+            (to - from) as libc::off64_t,
+            flags,
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Drops the blocks of `writes` that a later write of the same pass writes
+/// again: every record of a pass is durable, so replay redoes both, and
+/// only the last data needs to reach the device now.
+fn drop_superseded(writes: Vec<InPlace>) -> Vec<InPlace> {
+    let blocks: usize = writes.iter().map(|write| write.blocks).sum();
+    let mut last_writer = std::collections::HashMap::with_capacity(blocks);
+    for (index, write) in writes.iter().enumerate() {
+        for block in 0..write.blocks as u64 {
+            last_writer.insert(write.device_offset + block * BLOCK_BYTES, index);
+        }
+    }
+    if last_writer.len() == blocks {
+        return writes;
+    }
+    let mut kept = Vec::with_capacity(writes.len());
+    for (index, write) in writes.into_iter().enumerate() {
+        let mut run_start = None;
+        for block in 0..=write.blocks {
+            let keep = block < write.blocks
+                && last_writer[&(write.device_offset + block as u64 * BLOCK_BYTES)] == index;
+            match (keep, run_start) {
+                (true, None) => run_start = Some(block),
+                (false, Some(start)) => {
+                    kept.push(InPlace {
+                        record: write.record.clone(),
+                        first_index: write.first_index + start,
+                        blocks: block - start,
+                        device_offset: write.device_offset + start as u64 * BLOCK_BYTES,
+                    });
+                    run_start = None;
+                }
+                _ => {}
+            }
+        }
+    }
+    kept
+}
 
 enum Batch {
     Applied,
@@ -324,6 +394,11 @@ impl Engine {
                 _ => Batch::Nothing,
             });
         }
+        let writes = if batch.len() > 1 {
+            drop_superseded(writes)
+        } else {
+            writes
+        };
         // Copies first: their sources are shared chunks, which nothing in
         // this batch writes, and in-place writes later in the batch may
         // land in the chunks they fill.
@@ -354,6 +429,12 @@ impl Engine {
                 self.fail(&mut state, reason.clone());
                 return Err(StoreError::Fatal(reason));
             }
+        }
+        if let Err(error) = self.start_writeback(&copies, &writes) {
+            let reason = format!("writing applied data back failed: {error}");
+            let mut state = self.lock();
+            self.fail(&mut state, reason.clone());
+            return Err(StoreError::Fatal(reason));
         }
         let mut state = self.lock();
         // The copies are on the device: reads may go to the private chunks
@@ -578,6 +659,57 @@ impl Engine {
                     blocks: 1,
                 }),
             }
+        }
+        Ok(())
+    }
+
+    /// Starts the write-back of a pass's in-place data (copies and writes)
+    /// and, once `WRITEBACK_WAIT_BYTES` have been started since the last
+    /// wait, waits for all of it. An error here is a write-back error of
+    /// the device: it is reported once per descriptor, so the pool fails
+    /// rather than let a later flush miss it.
+    fn start_writeback(&self, copies: &[CopyBlocks], writes: &[InPlace]) -> std::io::Result<()> {
+        let mut bytes = 0;
+        let mut span: Option<(u64, u64)> = None;
+        let mut widen = |from: u64, length: u64| {
+            bytes += length;
+            span = Some(match span {
+                None => (from, from + length),
+                Some((low, high)) => (low.min(from), high.max(from + length)),
+            });
+        };
+        for copy in copies {
+            widen(
+                self.layout.data_block_offset(copy.to_block),
+                copy.blocks * BLOCK_BYTES,
+            );
+        }
+        for write in writes {
+            widen(write.device_offset, write.blocks as u64 * BLOCK_BYTES);
+        }
+        let Some((from, to)) = span else {
+            return Ok(());
+        };
+        sync_range(&self.file, from, to, libc::SYNC_FILE_RANGE_WRITE)?;
+        let mut writeback = self
+            .writeback
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        writeback.started_bytes += bytes;
+        let (low, high) = writeback
+            .range
+            .map_or((from, to), |(low, high)| (low.min(from), high.max(to)));
+        writeback.range = Some((low, high));
+        if writeback.started_bytes >= WRITEBACK_WAIT_BYTES {
+            sync_range(
+                &self.file,
+                low,
+                high,
+                libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                    | libc::SYNC_FILE_RANGE_WRITE
+                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+            )?;
+            *writeback = Writeback::default();
         }
         Ok(())
     }

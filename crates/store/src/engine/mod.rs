@@ -362,6 +362,9 @@ pub struct Engine {
     /// Only one thread applies at a time: the applier, or a caller that
     /// needs everything applied now (scan, shutdown).
     pub apply_lock: Mutex<()>,
+    /// In-place data the applier has started towards the device and not
+    /// yet waited for (see `apply::Writeback`); taken under `apply_lock`.
+    pub writeback: Mutex<apply::Writeback>,
     /// Serialises snapshot creation (the duplicate check and the admission).
     pub snapshot_lock: Mutex<()>,
     pub checksum_errors: AtomicU64,

@@ -154,6 +154,7 @@ pub fn open_engine(
         partial_block_lock: Mutex::new(()),
         metadata_lock: Mutex::new(()),
         apply_lock: Mutex::new(()),
+        writeback: Mutex::new(Default::default()),
         snapshot_lock: Mutex::new(()),
         checksum_errors: AtomicU64::new(0),
     });
