@@ -878,3 +878,78 @@ impl Engine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trireme_types::{BlockBuf, VolumeId};
+
+    fn record(sequence: u64, blocks: u64) -> Arc<Record> {
+        Arc::new(Record::new(
+            sequence,
+            0,
+            0,
+            VolumeId(1),
+            0,
+            blocks,
+            RecordBody::Write {
+                data: BlockBuf::zeroed((blocks * BLOCK_BYTES) as usize),
+                block_crcs: vec![0; blocks as usize],
+                fresh_chunks: Vec::new(),
+            },
+            0,
+        ))
+    }
+
+    fn in_place(record: &Arc<Record>, first_index: usize, blocks: usize, block: u64) -> InPlace {
+        InPlace {
+            record: record.clone(),
+            first_index,
+            blocks,
+            device_offset: block * BLOCK_BYTES,
+        }
+    }
+
+    /// (sequence, first index, blocks, device block) of each write kept.
+    fn kept(writes: Vec<InPlace>) -> Vec<(u64, usize, usize, u64)> {
+        drop_superseded(writes)
+            .iter()
+            .map(|write| {
+                (
+                    write.record.sequence,
+                    write.first_index,
+                    write.blocks,
+                    write.device_offset / BLOCK_BYTES,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_block_written_again_later_in_the_pass_is_written_once_with_the_later_data() {
+        let (first, second, third) = (record(1, 8), record(2, 2), record(3, 1));
+        let writes = vec![
+            in_place(&first, 0, 8, 100),  // blocks 100..108
+            in_place(&second, 0, 2, 103), // 103, 104 again
+            in_place(&third, 0, 1, 107),  // 107 again
+            in_place(&third, 0, 1, 500),  // elsewhere: untouched
+        ];
+        assert_eq!(
+            kept(writes),
+            vec![
+                (1, 0, 3, 100),
+                (1, 5, 2, 105),
+                (2, 0, 2, 103),
+                (3, 0, 1, 107),
+                (3, 0, 1, 500)
+            ]
+        );
+    }
+
+    #[test]
+    fn writes_to_distinct_blocks_are_all_kept() {
+        let (first, second) = (record(1, 2), record(2, 2));
+        let writes = vec![in_place(&first, 0, 2, 10), in_place(&second, 0, 2, 12)];
+        assert_eq!(kept(writes), vec![(1, 0, 2, 10), (2, 0, 2, 12)]);
+    }
+}
