@@ -1,0 +1,74 @@
+//! trireme's CSI driver (`csi.trireme.io`): the Identity, Controller and
+//! Node services of the Container Storage Interface on a unix socket.
+//!
+//! - [`api`]: the cluster's REST API, the driver's only way to the cluster.
+//! - [`names`]: CSI names and ids to trireme names.
+//! - [`status`]: the CSI status code of each API failure.
+//! - [`identity`]: the driver's name and capabilities.
+//! - [`controller`]: volumes, attachments, snapshots, capacity, expansion
+//!   (`create`, `publish`, `snapshots`, `topology` inside).
+//! - [`node`]: staging a volume as a block device from the local node's
+//!   NBD socket (nbdfuse + a loop device), file systems, bind mounts.
+//!
+//! The NBD server stays in the node daemon: this process only starts the
+//! bridge to it (nbdfuse, in its own session) and mounts, so a restart of
+//! the driver interrupts no I/O.
+
+pub mod api;
+pub mod controller;
+pub mod identity;
+pub mod names;
+pub mod node;
+pub mod status;
+
+pub mod csi {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("csi.v1");
+}
+
+use std::path::PathBuf;
+
+/// Which services this process serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Controller,
+    Node,
+    All,
+}
+
+impl Mode {
+    pub fn controller(self) -> bool {
+        matches!(self, Mode::Controller | Mode::All)
+    }
+
+    pub fn node(self) -> bool {
+        matches!(self, Mode::Node | Mode::All)
+    }
+}
+
+/// What the node service needs to know about its machine.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// The trireme node name of this machine: the CSI node id.
+    pub node_name: String,
+    /// The local node daemon's NBD unix socket.
+    pub nbd_socket: PathBuf,
+    /// Where nbdfuse shows each staged volume as a file.
+    pub state_dir: PathBuf,
+}
+
+/// The driver: one value serves all three services.
+#[derive(Debug, Clone)]
+pub struct Driver {
+    pub mode: Mode,
+    pub api: api::Api,
+    pub node: Option<NodeConfig>,
+}
+
+impl Driver {
+    /// The API with the token of an RPC's secrets (key `token`), if any.
+    pub fn api_for(&self, secrets: &std::collections::HashMap<String, String>) -> api::Api {
+        self.api
+            .with_token(secrets.get("token").map(String::as_str))
+    }
+}

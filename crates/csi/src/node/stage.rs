@@ -1,0 +1,266 @@
+//! NodeStage/Unstage, NodePublish/Unpublish and NodeExpand: devices, file
+//! systems and bind mounts.
+
+use std::path::Path;
+use tonic::Status;
+
+use super::device::{self, DeviceError};
+use super::system::{self, run, SystemError};
+use crate::controller::capability::{self, FILE_SYSTEMS};
+use crate::csi::volume_capability::AccessType;
+use crate::csi::*;
+use crate::status::missing;
+use crate::{Driver, NodeConfig};
+
+fn internal(error: impl std::fmt::Display) -> Status {
+    Status::internal(error.to_string())
+}
+
+fn device_status(error: DeviceError) -> Status {
+    match error {
+        DeviceError::NotServed { .. } => Status::failed_precondition(error.to_string()),
+        DeviceError::System(error) => internal(error),
+    }
+}
+
+pub async fn stage(
+    driver: &Driver,
+    config: &NodeConfig,
+    request: NodeStageVolumeRequest,
+) -> Result<NodeStageVolumeResponse, Status> {
+    if request.volume_id.is_empty() {
+        return Err(missing("volume_id"));
+    }
+    if request.staging_target_path.is_empty() {
+        return Err(missing("staging_target_path"));
+    }
+    let capability = request
+        .volume_capability
+        .as_ref()
+        .ok_or_else(|| missing("volume_capability"))?;
+    if let Some(why) = capability::unsupported(capability) {
+        return Err(Status::invalid_argument(why));
+    }
+    driver.existing_volume(&request.volume_id).await?;
+    let staging = Path::new(&request.staging_target_path);
+    let device = device::attach(config, &request.volume_id)
+        .await
+        .map_err(device_status)?;
+    let Some(AccessType::Mount(mount)) = &capability.access_type else {
+        // A block volume is its device: NodePublish binds it.
+        return Ok(NodeStageVolumeResponse {});
+    };
+    if system::mount_at(staging).is_some() {
+        return Ok(NodeStageVolumeResponse {});
+    }
+    let fs_type = if mount.fs_type.is_empty() {
+        FILE_SYSTEMS[0]
+    } else {
+        mount.fs_type.as_str()
+    };
+    let existing = run("blkid", &["-o", "value", "-s", "TYPE", &device])
+        .await
+        .unwrap_or_default();
+    let existing = existing.trim();
+    if existing.is_empty() {
+        make_file_system(fs_type, &device).await.map_err(internal)?;
+    } else if existing != fs_type {
+        return Err(Status::failed_precondition(format!(
+            "volume '{}' holds a {existing} file system, not {fs_type}: it is never reformatted; \
+             ask for fstype {existing}",
+            request.volume_id
+        )));
+    }
+    std::fs::create_dir_all(staging).map_err(internal)?;
+    let options = mount_options(&mount.mount_flags, false);
+    let staging_text = staging.display().to_string();
+    let mut args = vec!["-t", fs_type];
+    if !options.is_empty() {
+        args.extend(["-o", options.as_str()]);
+    }
+    args.extend([device.as_str(), staging_text.as_str()]);
+    run("mount", &args).await.map_err(internal)?;
+    Ok(NodeStageVolumeResponse {})
+}
+
+async fn make_file_system(fs_type: &str, device: &str) -> Result<(), SystemError> {
+    match fs_type {
+        // No discard: a new trireme volume reads as zeros already.
+        "xfs" => run("mkfs.xfs", &["-q", "-K", device]).await.map(drop),
+        _ => run("mkfs.ext4", &["-q", "-F", "-E", "nodiscard", device])
+            .await
+            .map(drop),
+    }
+}
+
+fn mount_options(flags: &[String], read_only: bool) -> String {
+    let mut options: Vec<&str> = flags.iter().map(String::as_str).collect();
+    if read_only {
+        options.push("ro");
+    }
+    options.join(",")
+}
+
+pub async fn unstage(
+    config: &NodeConfig,
+    request: NodeUnstageVolumeRequest,
+) -> Result<NodeUnstageVolumeResponse, Status> {
+    if request.volume_id.is_empty() {
+        return Err(missing("volume_id"));
+    }
+    if request.staging_target_path.is_empty() {
+        return Err(missing("staging_target_path"));
+    }
+    let staging = Path::new(&request.staging_target_path);
+    if system::mount_at(staging).is_some() {
+        let staging = staging.display().to_string();
+        run("umount", &[&staging]).await.map_err(internal)?;
+    }
+    if crate::names::is_trireme_name(&request.volume_id) {
+        device::detach(config, &request.volume_id)
+            .await
+            .map_err(device_status)?;
+    }
+    Ok(NodeUnstageVolumeResponse {})
+}
+
+pub async fn publish(
+    config: &NodeConfig,
+    request: NodePublishVolumeRequest,
+) -> Result<NodePublishVolumeResponse, Status> {
+    if request.volume_id.is_empty() {
+        return Err(missing("volume_id"));
+    }
+    if request.target_path.is_empty() {
+        return Err(missing("target_path"));
+    }
+    let capability = request
+        .volume_capability
+        .as_ref()
+        .ok_or_else(|| missing("volume_capability"))?;
+    if let Some(why) = capability::unsupported(capability) {
+        return Err(Status::invalid_argument(why));
+    }
+    if request.staging_target_path.is_empty() {
+        return Err(missing("staging_target_path"));
+    }
+    let target = Path::new(&request.target_path);
+    if system::mount_at(target).is_some() {
+        return Ok(NodePublishVolumeResponse {});
+    }
+    let not_staged = || {
+        Status::failed_precondition(format!(
+            "volume '{}' is not staged on this node: NodeStageVolume comes first",
+            request.volume_id
+        ))
+    };
+    let (source, flags) = match &capability.access_type {
+        Some(AccessType::Mount(mount)) => {
+            let staging = Path::new(&request.staging_target_path);
+            if system::mount_at(staging).is_none() {
+                return Err(not_staged());
+            }
+            std::fs::create_dir_all(target).map_err(internal)?;
+            (
+                request.staging_target_path.clone(),
+                mount.mount_flags.clone(),
+            )
+        }
+        _ => {
+            let device = device::find(config, &request.volume_id)
+                .await
+                .map_err(internal)?
+                .ok_or_else(not_staged)?;
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent).map_err(internal)?;
+            }
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(target)
+                .map_err(internal)?;
+            (device, Vec::new())
+        }
+    };
+    let target_text = target.display().to_string();
+    run("mount", &["--bind", &source, &target_text])
+        .await
+        .map_err(internal)?;
+    if request.readonly || !flags.is_empty() {
+        // A bind mount takes its own options only at a remount.
+        let options = format!("remount,bind,{}", mount_options(&flags, request.readonly));
+        let options = options.trim_end_matches(',');
+        run("mount", &["-o", options, &target_text])
+            .await
+            .map_err(internal)?;
+    }
+    Ok(NodePublishVolumeResponse {})
+}
+
+pub async fn unpublish(
+    request: NodeUnpublishVolumeRequest,
+) -> Result<NodeUnpublishVolumeResponse, Status> {
+    if request.volume_id.is_empty() {
+        return Err(missing("volume_id"));
+    }
+    if request.target_path.is_empty() {
+        return Err(missing("target_path"));
+    }
+    let target = Path::new(&request.target_path);
+    while system::mount_at(target).is_some() {
+        let text = target.display().to_string();
+        run("umount", &[&text]).await.map_err(internal)?;
+    }
+    match std::fs::symlink_metadata(target) {
+        Ok(meta) if meta.is_dir() => std::fs::remove_dir(target).map_err(internal)?,
+        Ok(_) => std::fs::remove_file(target).map_err(internal)?,
+        Err(_) => {}
+    }
+    Ok(NodeUnpublishVolumeResponse {})
+}
+
+/// Grows the file system at `volume_path` to its device. The device has
+/// the volume's size as it was when staged: NBD tells a client the size
+/// once, at its handshake, so a volume grown while staged shows its new
+/// size here after the next stage (the driver offers offline expansion).
+pub async fn expand(
+    config: &NodeConfig,
+    request: &NodeExpandVolumeRequest,
+) -> Result<NodeExpandVolumeResponse, Status> {
+    let path = Path::new(&request.volume_path);
+    if std::fs::symlink_metadata(path).is_err() {
+        return Err(Status::not_found(format!(
+            "volume path {} does not exist on this node",
+            request.volume_path
+        )));
+    }
+    let device = device::find(config, &request.volume_id)
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "volume '{}' is not staged on this node",
+                request.volume_id
+            ))
+        })?;
+    let _ = run("losetup", &["-c", &device]).await;
+    let block = request
+        .volume_capability
+        .as_ref()
+        .is_some_and(capability::is_block);
+    if !block {
+        if let Some(mount) = system::mount_at(path) {
+            let path_text = path.display().to_string();
+            match mount.fs_type.as_str() {
+                "xfs" => run("xfs_growfs", &[&path_text]).await.map(drop),
+                _ => run("resize2fs", &[&device]).await.map(drop),
+            }
+            .map_err(internal)?;
+        }
+    }
+    let capacity_bytes = system::device_bytes(&device).await.map_err(internal)?;
+    Ok(NodeExpandVolumeResponse {
+        capacity_bytes: capacity_bytes as i64,
+    })
+}
