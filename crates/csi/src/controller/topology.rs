@@ -33,10 +33,13 @@ fn matches(node: &Node, topology: &Topology) -> bool {
         .all(|(key, value)| own.get(key) == Some(value))
 }
 
-/// The nodes to place `count` replicas on for `requirement`: the preferred
-/// ones first, in the order given, then the other requisite ones; `None`
-/// when the requirement leaves the placer free (no requisite topology,
-/// or every online node qualifies and none is preferred).
+/// The nodes to place `count` replicas on for `requirement`: the
+/// requisite ones first (the preferred among them before the others, in
+/// the order given), then other online nodes. Any node can attach any
+/// volume (a diskless primary reads and writes through the replicas), so
+/// a requisite segment narrower than the replica count is met by the
+/// replicas placed inside it. `None` when the requirement leaves the
+/// placer free (every online node qualifies and none is preferred).
 pub fn placement(
     requirement: Option<&TopologyRequirement>,
     nodes: &[Node],
@@ -46,35 +49,43 @@ pub fn placement(
         return Ok(None);
     };
     let online: Vec<&Node> = nodes.iter().filter(|node| node.state == "online").collect();
-    let allowed: Vec<&Node> = if requirement.requisite.is_empty() {
-        online.clone()
-    } else {
-        online
-            .iter()
-            .copied()
-            .filter(|node| requirement.requisite.iter().any(|t| matches(node, t)))
-            .collect()
+    let requisite = |node: &Node| {
+        requirement.requisite.is_empty() || requirement.requisite.iter().any(|t| matches(node, t))
     };
-    if requirement.preferred.is_empty() && allowed.len() == online.len() {
+    if requirement.preferred.is_empty() && online.iter().all(|node| requisite(node)) {
         return Ok(None);
     }
     let mut chosen: Vec<String> = Vec::new();
-    for topology in &requirement.preferred {
-        for node in allowed.iter().filter(|node| matches(node, topology)) {
-            if !chosen.contains(&node.name) {
-                chosen.push(node.name.clone());
-            }
-        }
-    }
-    for node in &allowed {
+    fn choose(chosen: &mut Vec<String>, node: &Node) {
         if !chosen.contains(&node.name) {
             chosen.push(node.name.clone());
         }
     }
+    for topology in &requirement.preferred {
+        for node in online
+            .iter()
+            .filter(|node| requisite(node) && matches(node, topology))
+        {
+            choose(&mut chosen, node);
+        }
+    }
+    for node in online.iter().filter(|node| requisite(node)) {
+        choose(&mut chosen, node);
+    }
+    if chosen.is_empty() {
+        return Err(
+            "no online node matches the requisite topology: see `trireme node list` for the \
+             nodes' labels (topology.trireme.io/KEY)"
+                .to_string(),
+        );
+    }
+    for node in &online {
+        choose(&mut chosen, node);
+    }
     if chosen.len() < count {
         return Err(format!(
-            "the requisite topology allows {} online node(s) ({}) but the volume needs {count} \
-             replicas: widen the topology or lower the StorageClass parameter `replicas`",
+            "the volume needs {count} replicas but only {} node(s) are online ({}): lower the \
+             StorageClass parameter `replicas` or bring nodes back",
             chosen.len(),
             chosen.join(", ")
         ));
@@ -115,7 +126,16 @@ mod tests {
             placement(Some(&requirement), &nodes, 2).unwrap(),
             Some(vec!["c".to_string(), "b".to_string()])
         );
-        assert!(placement(Some(&requirement), &nodes, 3).is_err());
+        assert_eq!(
+            placement(Some(&requirement), &nodes, 3).unwrap(),
+            Some(vec!["c".to_string(), "b".to_string(), "a".to_string()])
+        );
+        assert!(placement(Some(&requirement), &nodes, 4).is_err());
+        let nowhere = TopologyRequirement {
+            requisite: vec![topology("zone", "z9")],
+            preferred: vec![],
+        };
+        assert!(placement(Some(&nowhere), &nodes, 1).is_err());
         assert_eq!(placement(None, &nodes, 2).unwrap(), None);
         let everywhere = TopologyRequirement {
             requisite: vec![topology("zone", "z1"), topology("zone", "z2")],

@@ -59,12 +59,18 @@ pub fn paths(config: &NodeConfig, volume: &str) -> Paths {
     }
 }
 
-/// The loop device showing `volume`, if it is set up.
+/// The loop device showing `volume`, if it is set up. The list of every
+/// loop device is matched by backing file, so nothing here touches the
+/// FUSE file itself (whose nbdfuse may be gone).
 pub async fn find(config: &NodeConfig, volume: &str) -> Result<Option<String>, SystemError> {
-    let paths = paths(config, volume);
-    let file = paths.file.display().to_string();
-    let text = run("losetup", &["-n", "-O", "NAME", "-j", &file]).await?;
-    Ok(text.lines().next().map(|line| line.trim().to_string()))
+    let file = paths(config, volume).file.display().to_string();
+    let text = run("losetup", &["-n", "-l", "-O", "NAME,BACK-FILE"]).await?;
+    Ok(text.lines().find_map(|line| {
+        let (device, backing) = line.trim().split_once(char::is_whitespace)?;
+        let backing = backing.trim();
+        let backing = backing.strip_suffix(" (deleted)").unwrap_or(backing);
+        (backing == file).then(|| device.to_string())
+    }))
 }
 
 /// Sets up (or finds) the loop device of `volume`.

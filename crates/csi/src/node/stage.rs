@@ -245,10 +245,12 @@ pub async fn expand(
             ))
         })?;
     let _ = run("losetup", &["-c", &device]).await;
+    use std::os::unix::fs::FileTypeExt;
     let block = request
         .volume_capability
         .as_ref()
-        .is_some_and(capability::is_block);
+        .is_some_and(capability::is_block)
+        || std::fs::metadata(path).is_ok_and(|meta| meta.file_type().is_block_device());
     if !block {
         if let Some(mount) = system::mount_at(path) {
             let path_text = path.display().to_string();

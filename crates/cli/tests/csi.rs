@@ -1,0 +1,668 @@
+//! The CSI driver (`trireme-csi`, crates/csi) against a real three-node
+//! cluster of `trireme node run` processes on 127.0.0.1:
+//! - csi-sanity, the community's conformance suite, for mount and block
+//!   volumes with snapshots, clones and expansion: every spec passes, and
+//!   the only skipped ones are those whose capability the driver does not
+//!   advertise (listed in `ALLOWED_SKIPS`, with why);
+//! - a node dies with a volume published: ControllerPublish on another
+//!   node takes it over at once and the data is there; a second publish
+//!   of a single-writer volume while its node lives is refused;
+//! - restarting the node plugin while fio writes to a published volume
+//!   interrupts nothing (nbdfuse and the NBD server live elsewhere).
+//!
+//! The driver binary is another package's: it is built here with cargo
+//! (a no-op when it is fresh) and found beside the `trireme` binary.
+
+mod common;
+
+use common::replicated::*;
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use trireme_csi::csi::controller_client::ControllerClient;
+use trireme_csi::csi::node_client::NodeClient;
+use trireme_csi::csi::volume_capability::{access_mode::Mode, AccessMode, AccessType};
+use trireme_csi::csi::volume_capability::{BlockVolume, MountVolume};
+use trireme_csi::csi::*;
+
+const MIB: i64 = 1 << 20;
+
+/// Specs csi-sanity skips because the driver does not advertise their
+/// capability (a substring of the spec's name, and why).
+const ALLOWED_SKIPS: &[(&str, &str)] = &[
+    (
+        "GetSnapshot",
+        "GET_SNAPSHOT (alpha) not advertised: ListSnapshots by id does it",
+    ),
+    (
+        "ModifyVolume",
+        "MODIFY_VOLUME not advertised: no mutable volume attributes",
+    ),
+    ("volume attribute class", "MODIFY_VOLUME not advertised"),
+    (
+        "already published but is incompatible",
+        "PUBLISH_READONLY not advertised: a read-only publish is a NodePublish option only",
+    ),
+    (
+        "single node multi writer",
+        "SINGLE_NODE_MULTI_WRITER not advertised",
+    ),
+    (
+        "single node single writer",
+        "SINGLE_NODE_MULTI_WRITER not advertised",
+    ),
+    (
+        "accessibility requirements",
+        "SNAPSHOT_ACCESSIBILITY_CONSTRAINTS not advertised",
+    ),
+    (
+        "VolumeHealth",
+        "GET_VOLUME_HEALTH (CSI 1.13) not in the v1.12 spec the driver speaks",
+    ),
+    (
+        "StorageHealth",
+        "GET_STORAGE_HEALTH (CSI 1.13) not in the v1.12 spec",
+    ),
+    (
+        "max attach limit",
+        "no per-node attach limit (max_volumes_per_node 0)",
+    ),
+    (
+        "pagination should detect",
+        "marked pending (XIt) in csi-sanity itself",
+    ),
+    (
+        "GroupController",
+        "no group controller service (volume group snapshots)",
+    ),
+    ("VolumeGroupSnapshot", "no group controller service"),
+    ("SnapshotMetadata", "no snapshot metadata service (alpha)"),
+];
+
+/// The driver's binary, built if needed.
+fn csi_bin() -> PathBuf {
+    let bin = Path::new(trireme_bin()).with_file_name("trireme-csi");
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let out = exec(
+            std::process::Command::new(cargo).args([
+                "build",
+                "-q",
+                "-p",
+                "trireme-csi",
+                "--bin",
+                "trireme-csi",
+            ]),
+            Duration::from_secs(900),
+        );
+        assert!(out.success(), "{}", out.describe("building trireme-csi"));
+    }
+    assert!(
+        bin.exists(),
+        "no {}: build it with `cargo build -p trireme-csi`",
+        bin.display()
+    );
+    bin
+}
+
+/// csi-sanity: on PATH (.ci/run installs it into /usr/local/bin) or in
+/// Go's default bin directory.
+fn csi_sanity() -> Option<PathBuf> {
+    if have_tool("csi-sanity") {
+        return Some(PathBuf::from("csi-sanity"));
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from)?;
+    let go_bin = home.join("go/bin/csi-sanity");
+    go_bin.exists().then_some(go_bin)
+}
+
+fn prerequisites() -> Option<PathBuf> {
+    if !tools_or_skip(&[
+        "nbdfuse",
+        "fusermount3",
+        "losetup",
+        "mkfs.ext4",
+        "setsid",
+        "blkid",
+    ]) {
+        return None;
+    }
+    if !Path::new("/dev/fuse").exists() || !Path::new("/dev/loop-control").exists() {
+        skip("no /dev/fuse or /dev/loop-control");
+        return None;
+    }
+    let sanity = csi_sanity();
+    if sanity.is_none() {
+        skip("csi-sanity is not installed (go install github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@v5.6.0)");
+    }
+    sanity
+}
+
+/// One `trireme-csi` process.
+struct Plugin {
+    child: Option<Child>,
+    socket: PathBuf,
+    log: PathBuf,
+    args: Vec<String>,
+}
+
+impl Plugin {
+    fn start(
+        dir: &Path,
+        tag: &str,
+        mode: &str,
+        node: Option<&TestNode>,
+        apis: &[&TestNode],
+    ) -> Plugin {
+        let socket = dir.join(format!("{tag}.sock"));
+        let api: Vec<String> = apis.iter().map(|n| n.api_url()).collect();
+        let mut args = vec![
+            format!("--endpoint=unix://{}", socket.display()),
+            format!("--mode={mode}"),
+            format!("--api={}", api.join(",")),
+            format!("--state-dir={}", dir.join(format!("{tag}-state")).display()),
+        ];
+        if let Some(node) = node {
+            args.push(format!(
+                "--node-name={}",
+                node.spec.name.as_deref().unwrap()
+            ));
+            args.push(format!(
+                "--nbd-socket={}",
+                node.data_dir().join("nbd.sock").display()
+            ));
+        }
+        let mut plugin = Plugin {
+            child: None,
+            socket,
+            log: dir.join(format!("{tag}.log")),
+            args,
+        };
+        plugin.launch();
+        plugin
+    }
+
+    fn launch(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let _ = std::fs::remove_file(&self.socket);
+        let child = std::process::Command::new(csi_bin())
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start trireme-csi");
+        self.child = Some(child);
+        let up = wait_until(Duration::from_secs(20), || {
+            std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+        });
+        assert!(
+            up,
+            "trireme-csi did not listen on {}: {}",
+            self.socket.display(),
+            self.log_text()
+        );
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn channel(&self) -> tonic::transport::Channel {
+        let path = self.socket.clone();
+        tonic::transport::Endpoint::try_from("http://[::1]:1")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                }
+            }))
+            .await
+            .expect("connect to the CSI socket")
+    }
+
+    async fn controller(&self) -> ControllerClient<tonic::transport::Channel> {
+        ControllerClient::new(self.channel().await)
+    }
+
+    async fn node(&self) -> NodeClient<tonic::transport::Channel> {
+        NodeClient::new(self.channel().await)
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Takes down what the driver set up under `dir` (mounts, loop devices,
+/// nbdfuse), whatever state a test left it in.
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let dir = self.0.display().to_string();
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut points: Vec<String> = mountinfo
+            .lines()
+            .filter_map(|line| line.split(' ').nth(4))
+            .filter(|point| point.starts_with(&dir))
+            .map(str::to_string)
+            .collect();
+        points.reverse();
+        for point in points.iter().filter(|p| !p.ends_with("/fuse")) {
+            let _ = exec(&mut cmd("umount", &["-l", point]), Duration::from_secs(20));
+        }
+        let loops = exec(
+            &mut cmd("losetup", &["-n", "-O", "NAME,BACK-FILE", "-l"]),
+            Duration::from_secs(20),
+        );
+        for line in loops.stdout.lines() {
+            let mut fields = line.split_whitespace();
+            if let (Some(device), Some(file)) = (fields.next(), fields.next()) {
+                if file.starts_with(&dir) {
+                    let _ = exec(
+                        &mut cmd("losetup", &["-d", device]),
+                        Duration::from_secs(20),
+                    );
+                }
+            }
+        }
+        for point in points.iter().filter(|p| p.ends_with("/fuse")) {
+            let _ = exec(
+                &mut cmd("fusermount3", &["-u", "-z", point]),
+                Duration::from_secs(20),
+            );
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The spec names csi-sanity's JUnit report lists, and which were skipped.
+fn junit_cases(path: &Path) -> Vec<(String, bool)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.split("<testcase ")
+        .skip(1)
+        .map(|case| {
+            let name = case
+                .split("name=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .unwrap_or("")
+                .replace("&#34;", "\"")
+                .replace("&amp;", "&");
+            let end = case.find("</testcase>").unwrap_or(case.len());
+            let skipped = case[..end].contains("<skipped");
+            (name, skipped)
+        })
+        .collect()
+}
+
+fn run_sanity(sanity: &Path, dir: &Path, plugin: &Plugin, access: &str) {
+    let junit = dir.join(format!("junit-{access}.xml"));
+    let mut command = std::process::Command::new(sanity);
+    command
+        .arg(format!("--csi.endpoint={}", plugin.socket.display()))
+        .arg(format!(
+            "--csi.mountdir={}",
+            dir.join(format!("mnt-{access}")).display()
+        ))
+        .arg(format!(
+            "--csi.stagingdir={}",
+            dir.join(format!("stage-{access}")).display()
+        ))
+        .arg(format!("--csi.testvolumeaccesstype={access}"))
+        .arg(format!("--csi.testvolumesize={}", 64 * MIB))
+        .arg(format!("--csi.testvolumeexpandsize={}", 128 * MIB))
+        .arg(format!("--csi.junitfile={}", junit.display()));
+    let out = exec(&mut command, Duration::from_secs(600));
+    let cases = junit_cases(&junit);
+    assert!(
+        out.success() && !cases.is_empty(),
+        "{}\n--- driver log ---\n{}",
+        out.describe(&format!("csi-sanity ({access})")),
+        tail_of(&plugin.log_text())
+    );
+    let unexpected: Vec<&String> = cases
+        .iter()
+        .filter(|(name, skipped)| {
+            *skipped && !ALLOWED_SKIPS.iter().any(|(part, _)| name.contains(part))
+        })
+        .map(|(name, _)| name)
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "csi-sanity ({access}) skipped specs whose capability is advertised: {unexpected:#?}"
+    );
+    let ran = cases.iter().filter(|(_, skipped)| !skipped).count();
+    println!(
+        "csi-sanity {access}: {ran} specs passed, {} skipped:",
+        cases.len() - ran
+    );
+    for (name, _) in cases.iter().filter(|(_, skipped)| *skipped) {
+        println!("  skipped: {name}");
+    }
+}
+
+fn tail_of(text: &str) -> &str {
+    let start = text.len().saturating_sub(6000);
+    let start = (start..text.len())
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(text.len());
+    &text[start..]
+}
+
+#[test]
+fn csi_sanity_passes_for_mount_and_block_volumes() {
+    let Some(sanity) = prerequisites() else {
+        return;
+    };
+    let nodes = three_nodes();
+    let dir = TempDir::new("csi-sanity");
+    let _cleanup = Cleanup(dir.path().to_path_buf());
+    let apis: Vec<&TestNode> = nodes.iter().collect();
+    let plugin = Plugin::start(dir.path(), "all", "all", Some(&nodes[0]), &apis);
+    run_sanity(&sanity, dir.path(), &plugin, "mount");
+    run_sanity(&sanity, dir.path(), &plugin, "block");
+    // Every volume and snapshot the suite made is gone again.
+    let volumes = nodes[0].cli_json(&["volume", "list"]);
+    assert_eq!(
+        volumes.as_array().map(Vec::len),
+        Some(0),
+        "left behind: {volumes:#}"
+    );
+}
+
+fn mount_capability(mode: Mode) -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: "ext4".into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    }
+}
+
+fn block_capability(mode: Mode) -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
+        access_mode: Some(AccessMode { mode: mode as i32 }),
+    }
+}
+
+async fn create(plugin: &Plugin, name: &str, capability: &VolumeCapability) -> String {
+    let created = plugin
+        .controller()
+        .await
+        .create_volume(CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 64 * MIB,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![capability.clone()],
+            ..Default::default()
+        })
+        .await
+        .expect("CreateVolume");
+    created.into_inner().volume.unwrap().volume_id
+}
+
+async fn publish(
+    plugin: &Plugin,
+    volume: &str,
+    node: &str,
+    capability: &VolumeCapability,
+) -> Result<(), tonic::Status> {
+    plugin
+        .controller()
+        .await
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: volume.into(),
+            node_id: node.into(),
+            volume_capability: Some(capability.clone()),
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+}
+
+/// NodeStage then NodePublish on `plugin` at `dir/<tag>-{staging,target}`.
+async fn stage_and_publish(
+    plugin: &Plugin,
+    volume: &str,
+    capability: &VolumeCapability,
+    dir: &Path,
+    tag: &str,
+) -> PathBuf {
+    let staging = dir.join(format!("{tag}-staging"));
+    let target = dir.join(format!("{tag}-target"));
+    std::fs::create_dir_all(&staging).unwrap();
+    let mut node = plugin.node().await;
+    node.node_stage_volume(NodeStageVolumeRequest {
+        volume_id: volume.into(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(capability.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|status| panic!("NodeStageVolume: {status}\n{}", tail_of(&plugin.log_text())));
+    node.node_publish_volume(NodePublishVolumeRequest {
+        volume_id: volume.into(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(capability.clone()),
+        ..Default::default()
+    })
+    .await
+    .expect("NodePublishVolume");
+    target
+}
+
+#[test]
+fn a_dead_nodes_volume_is_taken_over_at_once_and_a_live_writer_is_never_doubled() {
+    if prerequisites().is_none() {
+        return;
+    }
+    let mut nodes = three_nodes();
+    let dir = TempDir::new("csi-takeover");
+    let _cleanup = Cleanup(dir.path().to_path_buf());
+    let apis: Vec<&TestNode> = nodes.iter().collect();
+    let controller = Plugin::start(dir.path(), "controller", "controller", None, &apis);
+    let plugin2 = Plugin::start(dir.path(), "n2", "node", Some(&nodes[1]), &apis);
+    let plugin3 = Plugin::start(dir.path(), "n3", "node", Some(&nodes[2]), &apis);
+    let capability = mount_capability(Mode::SingleNodeWriter);
+    let rt = runtime();
+    let volume = rt.block_on(create(&controller, "moving", &capability));
+    rt.block_on(publish(&controller, &volume, "n2", &capability))
+        .expect("publish on n2");
+    let target = rt.block_on(stage_and_publish(
+        &plugin2,
+        &volume,
+        &capability,
+        dir.path(),
+        "n2",
+    ));
+    let data = target.join("data");
+    random_file(&data, 4 << 20, 21);
+    let written = sha256(&data);
+    run(&mut cmd("sync", &[&data.display().to_string()]));
+    wait_in_sync(&nodes[0], &volume, Duration::from_secs(60));
+
+    // n2 lives: a second writer elsewhere is refused, and says why.
+    let refused = rt
+        .block_on(publish(&controller, &volume, "n3", &capability))
+        .expect_err("a second publish of a ReadWriteOnce volume while n2 lives");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
+    assert!(refused.message().contains("n2"), "{refused}");
+
+    // n2 dies: the next publish on n3 takes over at once, in one call.
+    nodes[1].kill9();
+    let started = Instant::now();
+    rt.block_on(publish(&controller, &volume, "n3", &capability))
+        .unwrap_or_else(|status| {
+            panic!(
+                "takeover on n3: {status}\n{}",
+                tail_of(&controller.log_text())
+            )
+        });
+    let took = started.elapsed();
+    assert!(
+        controller.log_text().contains("former primary is fenced"),
+        "the publish did not fence n2 itself: {}",
+        tail_of(&controller.log_text())
+    );
+    let shown = show(&nodes[0], &volume);
+    assert_eq!(shown["primaries"], serde_json::json!(["n3"]), "{shown:#}");
+    let moved = rt.block_on(stage_and_publish(
+        &plugin3,
+        &volume,
+        &capability,
+        dir.path(),
+        "n3",
+    ));
+    assert_eq!(
+        sha256(&moved.join("data")),
+        written,
+        "the data written on n2 is on n3"
+    );
+    println!("takeover publish took {took:?}");
+    drop(plugin2);
+}
+
+/// The PIDs of nbdfuse processes whose command line names `part`.
+fn nbdfuse_pids(part: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.starts_with("nbdfuse") && cmdline.contains(part) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[test]
+fn restarting_the_node_plugin_while_fio_writes_interrupts_nothing() {
+    if prerequisites().is_none() || !tools_or_skip(&["fio"]) {
+        return;
+    }
+    let nodes = three_nodes();
+    let dir = TempDir::new("csi-restart");
+    let _cleanup = Cleanup(dir.path().to_path_buf());
+    let apis: Vec<&TestNode> = nodes.iter().collect();
+    let mut plugin = Plugin::start(dir.path(), "all", "all", Some(&nodes[0]), &apis);
+    let capability = block_capability(Mode::SingleNodeWriter);
+    let rt = runtime();
+    let volume = rt.block_on(create(&plugin, "busy", &capability));
+    rt.block_on(publish(&plugin, &volume, "n1", &capability))
+        .expect("publish");
+    let device = rt.block_on(stage_and_publish(
+        &plugin,
+        &volume,
+        &capability,
+        dir.path(),
+        "n1",
+    ));
+    let state = dir.path().join("all-state");
+    let before = nbdfuse_pids(&state.display().to_string());
+    assert_eq!(before.len(), 1, "one nbdfuse for the volume: {before:?}");
+
+    // 48 MiB at 8 MiB/s: about six seconds of writes, then a verify pass.
+    let mut fio = std::process::Command::new("fio")
+        .args([
+            "--name=csi-restart",
+            &format!("--filename={}", device.display()),
+            "--rw=write",
+            "--bs=64k",
+            "--size=48M",
+            "--rate=8m",
+            "--direct=1",
+            "--ioengine=psync",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start fio");
+    std::thread::sleep(Duration::from_secs(2));
+    plugin.kill9();
+    std::thread::sleep(Duration::from_millis(500));
+    plugin.launch();
+    let finished = wait_until(Duration::from_secs(60), || {
+        fio.try_wait().unwrap().is_some()
+    });
+    if !finished {
+        let _ = fio.kill();
+    }
+    let out = fio.wait_with_output().unwrap();
+    assert!(
+        finished && out.status.success(),
+        "fio failed across the plugin restart: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        nbdfuse_pids(&state.display().to_string()),
+        before,
+        "nbdfuse outlived the plugin"
+    );
+
+    // The new plugin finds the staged volume: a repeated stage and publish
+    // answer at once, and unpublish and unstage take it all down.
+    let target = rt.block_on(stage_and_publish(
+        &plugin,
+        &volume,
+        &capability,
+        dir.path(),
+        "n1",
+    ));
+    assert_eq!(target, device);
+    rt.block_on(async {
+        let mut node = plugin.node().await;
+        node.node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: volume.clone(),
+            target_path: device.display().to_string(),
+        })
+        .await
+        .expect("NodeUnpublishVolume");
+        node.node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: volume.clone(),
+            staging_target_path: dir.path().join("n1-staging").display().to_string(),
+        })
+        .await
+        .expect("NodeUnstageVolume");
+    });
+    let gone = wait_until(Duration::from_secs(10), || {
+        nbdfuse_pids(&state.display().to_string()).is_empty()
+    });
+    assert!(gone, "nbdfuse still runs after NodeUnstageVolume");
+}
