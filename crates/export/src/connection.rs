@@ -31,6 +31,7 @@ use trireme_proto::nbd::{
 };
 
 use crate::dispatch::{self, BufferPool, Outgoing, Permits, ReplyContext};
+use crate::io_stats::IoKind;
 use crate::registry::{ExportRegistry, RegistryCatalog};
 
 /// A client that has not finished the handshake by then is dropped.
@@ -93,6 +94,14 @@ pub(crate) async fn run<R, W>(
     };
     debug!(%peer, export = %negotiated.export_name, structured = negotiated.structured_replies, "NBD transmission starts");
     let buffers = BufferPool::default();
+    // Snapshots (`VOLUME@SNAPSHOT`) count with their volume: the label
+    // set stays one per volume.
+    let io = registry.volume_io(
+        negotiated
+            .export_name
+            .split_once('@')
+            .map_or(negotiated.export_name.as_str(), |(volume, _)| volume),
+    );
     let (replies, reply_receiver) = mpsc::unbounded_channel();
     let writer_task = tokio::spawn(write_replies(writer, reply_receiver, buffers.clone()));
     let session = Session {
@@ -102,6 +111,7 @@ pub(crate) async fn run<R, W>(
             structured_replies: negotiated.structured_replies,
             base_allocation_context_id: negotiated.base_allocation_context_id,
             buffers,
+            io,
         },
         negotiated,
         requests: Arc::new(Semaphore::new(MAX_IN_FLIGHT_REQUESTS)),
@@ -251,9 +261,12 @@ impl Session {
             RequestKind::Write { data, .. } => data.len(),
             _ => 0,
         };
-        let Some(permits) = self.permits(payload_bytes).await else {
+        let Some(mut permits) = self.permits(payload_bytes).await else {
             return;
         };
+        if let (Some(io), Some((kind, bytes))) = (&self.context.io, accounted(&request.kind)) {
+            permits._in_flight = io.begin(kind, bytes);
+        }
         // Plain writes and cached reads complete right here, without a
         // trip to a blocking thread and back.
         let request = match dispatch::try_inline(&self.context, request) {
@@ -316,7 +329,20 @@ impl Session {
         Some(Permits {
             _request: request,
             _payload: payload,
+            _in_flight: None,
         })
+    }
+}
+
+/// What a request counts as at the edge: its kind and the bytes it moves.
+fn accounted(kind: &RequestKind) -> Option<(IoKind, u64)> {
+    match kind {
+        RequestKind::Read { length, .. } => Some((IoKind::Read, u64::from(*length))),
+        RequestKind::Write { data, .. } => Some((IoKind::Write, data.len() as u64)),
+        RequestKind::Flush => Some((IoKind::Flush, 0)),
+        RequestKind::Trim { length, .. } => Some((IoKind::Trim, u64::from(*length))),
+        RequestKind::WriteZeroes { length, .. } => Some((IoKind::WriteZeroes, u64::from(*length))),
+        RequestKind::BlockStatus { .. } | RequestKind::Disconnect => None,
     }
 }
 

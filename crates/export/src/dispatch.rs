@@ -5,6 +5,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::OwnedSemaphorePermit;
+
+use crate::io_stats::{InFlight, VolumeIo};
 use tracing::{error, warn};
 use trireme_proto::nbd::constants::{STATE_HOLE, STATE_ZERO};
 use trireme_proto::nbd::reply::{self, descriptors_from_extents};
@@ -26,12 +28,16 @@ pub(crate) struct ReplyContext {
     pub(crate) structured_replies: bool,
     pub(crate) base_allocation_context_id: Option<u32>,
     pub(crate) buffers: BufferPool,
+    /// Where this export's requests are counted.
+    pub(crate) io: Option<Arc<VolumeIo>>,
 }
 
 /// The permits a request holds until its reply is written.
 pub(crate) struct Permits {
     pub(crate) _request: OwnedSemaphorePermit,
     pub(crate) _payload: Option<OwnedSemaphorePermit>,
+    /// Completes the request's accounting when the reply is written.
+    pub(crate) _in_flight: Option<InFlight>,
 }
 
 /// One reply: header bytes, then READ data if any.
@@ -385,6 +391,9 @@ fn block_status(
 }
 
 fn error_reply(context: &ReplyContext, cookie: u64, code: ErrorCode, message: &str) -> Outgoing {
+    if let Some(io) = &context.io {
+        io.failed();
+    }
     let mut outgoing = Outgoing::default();
     if context.structured_replies {
         reply::structured_error(&mut outgoing.header, cookie, code, message);

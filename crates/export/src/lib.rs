@@ -14,6 +14,8 @@
 //!   requests and hands each to a blocking thread, and a writer task that
 //!   sends replies as they complete, out of order. In-flight requests and
 //!   payload bytes are bounded per connection.
+//! - [`io_stats`]: [`VolumeIo`], per-volume request accounting (operations,
+//!   bytes, latency histograms, in flight) on atomics, read by `/metrics`.
 //! - `dispatch`: runs one request against the target on a blocking thread
 //!   and encodes its reply; maps `TargetError` to NBD errors.
 //!
@@ -28,8 +30,10 @@
 
 mod connection;
 mod dispatch;
+pub mod io_stats;
 pub mod registry;
 pub mod server;
 
+pub use io_stats::{IoKind, VolumeIo, VolumeIoSnapshot};
 pub use registry::ExportRegistry;
 pub use server::{serve, ExportError, NbdConfig, NbdServer};

@@ -5,6 +5,8 @@ use std::sync::Arc;
 use trireme_proto::nbd::{ExportCatalog, ExportInfo};
 use trireme_types::BlockTarget;
 
+use crate::io_stats::VolumeIo;
+
 /// The exports a node offers, by name (the node maps volume name → volume).
 pub trait ExportRegistry: Send + Sync + 'static {
     /// The target for `name`, or why no such export is offered now: a
@@ -13,6 +15,11 @@ pub trait ExportRegistry: Send + Sync + 'static {
     fn open(&self, name: &str) -> Result<Arc<dyn BlockTarget>, String>;
     /// Names listed to clients (NBD_OPT_LIST).
     fn names(&self) -> Vec<String>;
+    /// Where the requests of export `name` are counted; looked up once per
+    /// connection. None: not counted.
+    fn volume_io(&self, _name: &str) -> Option<Arc<VolumeIo>> {
+        None
+    }
 }
 
 /// Adapts a registry to the handshake's catalog.
