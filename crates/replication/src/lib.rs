@@ -20,8 +20,9 @@ pub mod replica;
 
 pub use message::{BlockHash, FromReplica, Payload, ReadData, ReplicaError, ToReplica};
 pub use primary::{
-    Action, ClientError, ClientRequest, Completion, Config, DirtyMap, NoQuorumPolicy, OpId,
-    Primary, Proposal, ProposalResult, SyncProgress, VerifyReport, VerifyState, View,
+    AckLatency, Action, ClientError, ClientRequest, Completion, Config, DirtyMap, EngineReport,
+    LinkReport, NoQuorumPolicy, OpId, Primary, Proposal, ProposalResult, SyncProgress,
+    VerifyReport, VerifyState, View, ACK_LATENCY_BOUNDS_MS,
 };
 pub use regions::{RegionSet, REGION_BYTES};
 pub use replica::{HelloOutcome, LinkId, ReplicaSide, LEASE_HOLD_MS};

@@ -38,5 +38,5 @@ mod record;
 pub mod volume;
 
 pub use error::StoreError;
-pub use pool::{Pool, PoolConfig, PoolInfo, ScanReport, SnapshotInfo, VolumeInfo};
+pub use pool::{JournalStats, Pool, PoolConfig, PoolInfo, ScanReport, SnapshotInfo, VolumeInfo};
 pub use volume::{SnapshotView, Volume};

@@ -73,6 +73,20 @@ pub struct PoolInfo {
     pub failed: Option<String>,
 }
 
+/// Where the journal and the applier stand ([`Pool::journal_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    pub journal_bytes: u64,
+    /// Written and not yet checkpointed (free again).
+    pub journal_used_bytes: u64,
+    /// Records acknowledged and not yet applied in place.
+    pub unapplied_records: u64,
+    /// Their data, held in memory (writers wait at `UNAPPLIED_BYTES_MAX`).
+    pub unapplied_bytes: u64,
+    /// Chunk-map entries changed since the last checkpoint.
+    pub dirty_map_entries: u64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct VolumeInfo {
     pub name: VolumeName,
@@ -277,6 +291,19 @@ impl Pool {
             chunk_bytes: CHUNK_BYTES,
             checksum_errors: self.engine.checksum_errors.load(Ordering::Relaxed),
             failed: state.failed.clone(),
+        }
+    }
+
+    /// The journal and the applier's backlog, for monitoring: one short
+    /// hold of the engine's lock.
+    pub fn journal_stats(&self) -> JournalStats {
+        let state = self.engine.lock();
+        JournalStats {
+            journal_bytes: self.engine.layout.journal_bytes,
+            journal_used_bytes: state.head.saturating_sub(state.tail),
+            unapplied_records: state.unapplied.len() as u64,
+            unapplied_bytes: state.unapplied_bytes,
+            dirty_map_entries: state.dirty_chunks.len() as u64,
         }
     }
 

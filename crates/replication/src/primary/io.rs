@@ -16,8 +16,11 @@ impl Primary {
             }
         }
         let member = self.members.get_mut(&from).expect("checked");
-        if let Some((_, _, _, bytes)) = member.unacked.remove(&seq) {
+        if let Some((_, _, sent_ms, bytes)) = member.unacked.remove(&seq) {
             member.unacked_bytes -= bytes;
+            member
+                .ack_latency
+                .record(self.now_ms.saturating_sub(sent_ms));
         }
         // A flush makes what was sent before it durable (and every earlier
         // flush's regions with it). Only its own acknowledgement says so:

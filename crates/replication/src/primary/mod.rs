@@ -101,6 +101,7 @@ pub const TICK_GAP_MS: u64 = 1_000;
 
 mod io;
 mod links;
+mod observe;
 mod reconcile;
 mod resync;
 mod snapshot;
@@ -108,6 +109,7 @@ mod state;
 pub mod types;
 mod verify;
 
+pub use observe::{AckLatency, EngineReport, LinkReport, ACK_LATENCY_BOUNDS_MS};
 use state::*;
 pub use types::*;
 use verify::VerifyJob;

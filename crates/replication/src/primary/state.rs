@@ -165,6 +165,8 @@ pub(super) struct Member {
     pub(super) answered_sent_ms: Option<u64>,
     /// When the last keepalive went to it.
     pub(super) pinged_ms: u64,
+    /// How long its acknowledgements of writes took (monitoring only).
+    pub(super) ack_latency: AckLatency,
 }
 
 impl Member {
@@ -191,6 +193,7 @@ impl Member {
             progress_mark: (0, 0),
             answered_sent_ms: None,
             pinged_ms: 0,
+            ack_latency: AckLatency::default(),
         }
     }
 
