@@ -4,8 +4,8 @@ use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 use std::collections::BTreeSet;
 use trireme_node::api::model::{
-    GroupBody, NodeEntry, NodeResponse, PoolResponse, PoolState, ReplicaResponse, ScanResponse,
-    SettingsBody, StatusResponse, SyncResponse, VolumeCounts, VolumeResponse,
+    GroupBody, IoResponse, NodeEntry, NodeResponse, PoolResponse, PoolState, ReplicaResponse,
+    ScanResponse, SettingsBody, StatusResponse, SyncResponse, VolumeCounts, VolumeResponse,
 };
 use trireme_types::format_size;
 
@@ -508,6 +508,51 @@ pub fn status_screen(status: &StatusResponse) {
     }
     for warning in &status.warnings {
         println!("warning: {warning}");
+    }
+}
+
+/// Volumes listed under `busiest:` in `trireme status`.
+const BUSIEST_SHOWN: usize = 5;
+
+/// The `io:` section of `trireme status`: rates over the last ~10 s.
+pub fn io_screen(io: &IoResponse) {
+    let rate = |bytes: f64| format!("{}/s", format_size(bytes.round() as u64));
+    println!();
+    println!("io:");
+    println!(
+        "  client:     {} rd, {} wr, {:.0} op/s rd, {:.0} op/s wr",
+        rate(io.read_bytes_per_sec),
+        rate(io.write_bytes_per_sec),
+        io.read_iops,
+        io.write_iops
+    );
+    let busy: Vec<_> = io
+        .volumes
+        .iter()
+        .filter(|volume| volume.read_iops + volume.write_iops > 0.0)
+        .take(BUSIEST_SHOWN)
+        .collect();
+    for (index, volume) in busy.iter().enumerate() {
+        println!(
+            "  {}{} on {}: {} rd, {} wr, {:.0} op/s rd, {:.0} op/s wr",
+            if index == 0 {
+                "busiest:    "
+            } else {
+                "            "
+            },
+            volume.volume,
+            volume.node,
+            rate(volume.read_bytes_per_sec),
+            rate(volume.write_bytes_per_sec),
+            volume.read_iops,
+            volume.write_iops
+        );
+    }
+    if !io.missing_nodes.is_empty() {
+        println!(
+            "  missing:    {} (did not answer: their volumes are not counted)",
+            io.missing_nodes.join(", ")
+        );
     }
 }
 

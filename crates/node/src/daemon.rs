@@ -115,6 +115,7 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
         .map_err(|error| NodeError::io("read the data listen address", error))?;
     let replication = crate::replicated::Replication::open(node.clone())?;
     let exports_cluster = Arc::new(std::sync::OnceLock::new());
+    let metrics = crate::metrics::Metrics::new();
     let nbd_config = NbdConfig {
         tcp_listen: Some(config.nbd_listen),
         unix_socket: Some(nbd_socket),
@@ -125,6 +126,7 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
             node.clone(),
             exports_cluster.clone(),
             replication.clone(),
+            metrics.clone(),
         )),
     )
     .await
@@ -171,6 +173,7 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
         addresses: Arc::new(addresses.clone()),
         cluster: cluster.clone(),
         replication: replication.clone(),
+        metrics: metrics.clone(),
     });
     let api_server = axum::serve(
         api_listener,
@@ -190,6 +193,11 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
             stop_receiver.clone(),
         )),
         tokio::spawn(cluster::leader::leader_loop(
+            cluster.clone(),
+            stop_receiver.clone(),
+        )),
+        tokio::spawn(crate::metrics::run_sampler(
+            metrics.clone(),
             cluster.clone(),
             stop_receiver.clone(),
         )),

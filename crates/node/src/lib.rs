@@ -34,6 +34,8 @@
 //! - [`nbd`]: adapts [`Node`] to the NBD server of `trireme-export`.
 //! - [`replicated`]: the engines of volumes attached here, the replica
 //!   side of data links, and `DATA/replication.redb`.
+//! - [`metrics`]: `GET /metrics` (Prometheus) and the I/O rates of
+//!   `GET /api/v1/io`.
 //! - [`daemon`]: start-up, listeners, the ready line, signals and shutdown.
 
 pub mod api;
@@ -41,6 +43,7 @@ pub mod catalog;
 pub mod cluster;
 pub mod daemon;
 pub mod error;
+pub mod metrics;
 pub mod nbd;
 pub mod node;
 pub mod replicated;

@@ -12,6 +12,7 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 use trireme_export::ExportRegistry;
 use trireme_types::BlockTarget;
 
+use crate::metrics::Metrics;
 use crate::replicated::Replication;
 use crate::Node;
 
@@ -23,6 +24,8 @@ pub struct NodeExports {
     /// Set once the node is a cluster member (the server binds before).
     cluster: Arc<OnceLock<Arc<Cluster>>>,
     replication: Arc<Replication>,
+    /// Where each volume's requests are counted.
+    metrics: Arc<Metrics>,
 }
 
 impl NodeExports {
@@ -30,11 +33,13 @@ impl NodeExports {
         node: Arc<Node>,
         cluster: Arc<OnceLock<Arc<Cluster>>>,
         replication: Arc<Replication>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         NodeExports {
             node,
             cluster,
             replication,
+            metrics,
         }
     }
 
@@ -194,5 +199,9 @@ impl ExportRegistry for NodeExports {
 
     fn names(&self) -> Vec<String> {
         without_stalling_the_reactor(|| self.node.volume_names())
+    }
+
+    fn volume_io(&self, name: &str) -> Option<Arc<trireme_export::VolumeIo>> {
+        self.metrics.volume_io(name)
     }
 }

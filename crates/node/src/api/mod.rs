@@ -14,6 +14,7 @@
 mod cluster;
 pub mod error;
 pub mod model;
+mod monitoring;
 mod nodes;
 mod pools;
 mod snapshots;
@@ -57,6 +58,8 @@ pub struct ApiState {
     pub cluster: Arc<Cluster>,
     /// The engines of volumes attached here (verify runs in them).
     pub replication: Arc<crate::replicated::Replication>,
+    /// The NBD edge's counters and I/O rates.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 #[derive(OpenApi)]
@@ -94,6 +97,7 @@ pub struct ApiState {
         snapshots::set_schedule,
         snapshots::delete_schedule,
         cluster::status,
+        monitoring::io,
         cluster::list_nodes,
         cluster::remove_node,
         nodes::show_node,
@@ -199,6 +203,8 @@ pub fn router(state: ApiState) -> Router {
             get(cluster::show_settings).put(cluster::change_settings),
         )
         .route("/api/v1/cluster/join-token", get(cluster::join_token))
+        .route("/metrics", get(monitoring::metrics))
+        .route("/api/v1/io", get(monitoring::io))
         .route_layer(axum::middleware::from_fn(move |request, next| {
             authenticate(trust_loopback, token.clone(), request, next)
         }));
@@ -209,6 +215,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(ui::router())
         // Signed by a member (checked in the handler), like /internal/v1.
         .route(verify::PATH_INTERNAL_VERIFY, post(verify::internal_verify))
+        .route(monitoring::PATH_INTERNAL_IO, post(monitoring::internal_io))
         .fallback(unknown_endpoint)
         .with_state(state)
         .merge(crate::cluster::internal::router(cluster))

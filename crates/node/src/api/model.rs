@@ -667,3 +667,29 @@ pub struct ScheduleResponse {
     pub every_secs: Option<u64>,
     pub keep: Option<usize>,
 }
+
+/// The cluster's I/O over the last ~10 s (`GET /api/v1/io`), like the `io:`
+/// section of `ceph -s`. Writes count WRITE, WRITE_ZEROES and TRIM requests;
+/// bytes count request payloads.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct IoResponse {
+    pub read_iops: f64,
+    pub write_iops: f64,
+    pub read_bytes_per_sec: f64,
+    pub write_bytes_per_sec: f64,
+    /// Every volume served on a node that answered, busiest first.
+    pub volumes: Vec<VolumeIoRate>,
+    /// Nodes whose volumes are not counted: offline, or no answer in time.
+    pub missing_nodes: Vec<String>,
+}
+
+/// One volume's I/O where it is served (its primary).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct VolumeIoRate {
+    pub volume: String,
+    pub node: String,
+    pub read_iops: f64,
+    pub write_iops: f64,
+    pub read_bytes_per_sec: f64,
+    pub write_bytes_per_sec: f64,
+}

@@ -45,6 +45,7 @@ async fn test_node() -> TestNode {
         addresses: Arc::new(Addresses::default()),
         cluster: cluster.clone(),
         replication,
+        metrics: crate::metrics::Metrics::new(),
     });
     TestNode {
         _directory: directory,

@@ -1,6 +1,7 @@
 //! Pool operations of [`Node`]: the default pool, create, delete, list, scan.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use trireme_store::{Pool, PoolConfig, PoolInfo, ScanReport, StoreError};
 use trireme_types::{DeviceClass, PoolId, PoolName};
 
@@ -196,6 +197,31 @@ impl Node {
             .iter()
             .map(|record| Self::status(record, state.pools.get(&record.name)))
             .collect())
+    }
+
+    /// Every pool in the catalog with its live numbers and handle when it
+    /// is open (for `/metrics`: one short hold of the node's lock).
+    pub fn pool_handles(&self) -> Vec<(String, Option<PoolInfo>, Option<Arc<Pool>>)> {
+        let Ok(state) = self.lock_state() else {
+            return Vec::new();
+        };
+        state
+            .catalog
+            .pools
+            .iter()
+            .map(|record| match state.pools.get(&record.name) {
+                Some(PoolSlot::Online(pool)) => {
+                    let info = pool.info();
+                    let online = info.failed.is_none();
+                    (
+                        record.name.to_string(),
+                        online.then_some(info),
+                        Some(pool.clone()),
+                    )
+                }
+                _ => (record.name.to_string(), None, None),
+            })
+            .collect()
     }
 
     pub fn pool(&self, name: &PoolName) -> Result<PoolStatus, NodeError> {

@@ -88,6 +88,16 @@ impl Replication {
         self.engine(name)
     }
 
+    /// The running engines (of volumes attached here, or resyncing from here).
+    pub fn engines(&self) -> Vec<Arc<EngineHandle>> {
+        let engines = self.engines.lock().expect("engines lock");
+        engines
+            .values()
+            .filter(|engine| !engine.is_stopped())
+            .cloned()
+            .collect()
+    }
+
     /// The NBD target of a volume attached here, while its engine runs
     /// (a resync-only engine serves no client).
     pub fn target(&self, name: &VolumeName) -> Option<Arc<dyn BlockTarget>> {

@@ -224,6 +224,12 @@ impl EngineHandle {
             .unwrap_or_else(|_| Err("the volume's engine stopped".into()))
     }
 
+    /// The engine's links and quorum, for `/metrics` (takes the engine's
+    /// lock once: scrape time, not the I/O path).
+    pub fn report(&self) -> trireme_replication::EngineReport {
+        self.core.lock().primary.report()
+    }
+
     /// Hands one request to the engine; `done` runs (under the engine's
     /// lock, so it must not block) when it completes, or at once with
     /// `ShuttingDown` if the engine is gone.
