@@ -64,7 +64,7 @@ DISK_SIZE=${DISK_SIZE:-1G}
 FIO_SIZE=${FIO_SIZE:-256M}
 SCRATCH=${SCRATCH:-$repo/target/bench-scratch-guest}
 OUT=${OUT:-$here/RESULTS.md}
-envline="RUNTIME=$RUNTIME REPEAT=$REPEAT BOOTS=$BOOTS DISK_SIZE=$DISK_SIZE FIO_SIZE=$FIO_SIZE"
+envline="${BIN:+BIN=$BIN }RUNTIME=$RUNTIME REPEAT=$REPEAT BOOTS=$BOOTS DISK_SIZE=$DISK_SIZE FIO_SIZE=$FIO_SIZE"
 plugin=$repo/integrations/proxmox
 guest_src=$repo/crates/cli/tests/qemu_guest
 BOOT_TIMEOUT=240
@@ -99,6 +99,11 @@ if [ $build = 1 ] && [ -z "${BIN:-}" ]; then
     (cd "$repo" && cargo build --release -p trireme >&2)
 fi
 [ -x "$bin" ] || die "$bin missing (build failed?)"
+case "$bin" in
+    *target/release/*) bin_what="release build" ;;
+    *target/debug/*) bin_what="dev-profile build ($bin: Cargo.toml's profile.dev, opt-level 1 and dependencies 2), NOT a release build" ;;
+    *) bin_what="binary $bin" ;;
+esac
 
 pids_to_kill=()
 cleanup() {
@@ -266,7 +271,7 @@ wait_mark() {
         sleep 0.1
     done
 }
-synced() { grep -Eo '^TRIREME SYNCED [0-9]+' "$SCRATCH/$1.console" 2>/dev/null | awk 'END {print $3 + 0}'; }
+synced() { { grep -Eo '^TRIREME SYNCED [0-9]+' "$SCRATCH/$1.console" 2>/dev/null || true; } | awk 'END {print $3 + 0}'; }
 wait_exit() {
     local pid=$1
     for _ in $(seq 1 "$(( $2 * 10 ))"); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
@@ -320,8 +325,13 @@ boot_once() {
     record "boot $target $(since "$t0")"
     log "$target: booted in $(tail -1 "$results" | cut -d' ' -f3) s ($mode)"
 }
+# The boots first: fio then writes over the disk's file system.
 for target in trireme raw; do
     if [ $target = trireme ]; then protocol=$trireme_protocol; else protocol=$raw_protocol; fi
+    for i in $(seq 2 "$BOOTS"); do
+        boot_once $target "$protocol" boot "$i"
+        wait_exit "$qemu_pid" 120 || die "the guest on $target did not power off"
+    done
     boot_once $target "$protocol" fio 1 tools
     pid=$qemu_pid
     wait_exit "$pid" $(( RUNTIME * 3 + 600 )) || die "the fio guest on $target did not finish"
@@ -339,10 +349,6 @@ for job in ("randwrite", "randread", "fsync"):
           p.get("50.000000", 0) / 1000, p.get("99.000000", 0) / 1000))
 PY
     log "$target: $(grep "^fio $target" "$results" | tr '\n' ';')"
-    for i in $(seq 2 "$BOOTS"); do
-        boot_once $target "$protocol" boot "$i"
-        wait_exit "$qemu_pid" 120 || die "the guest on $target did not power off"
-    done
 done
 
 # --- 3: live migrations -------------------------------------------------------------
@@ -352,7 +358,19 @@ volume=$(trireme_disk "$a" 202)
 start_qemu mig-0 "$(pve "$a" blockdev "$volume")" write 100000
 wait_mark mig-0 "$qemu_pid" "SYNCED 2" "$BOOT_TIMEOUT"
 running=mig-0 running_pid=$qemu_pid from=$a to=$b
+# ensure_guest NODE NAME: a new writing guest on NODE when the running one
+# died (it saw I/O errors: counted in the results, not hidden).
+guest_deaths=0
+ensure_guest() {
+    kill -0 "$running_pid" 2>/dev/null && return 0
+    guest_deaths=$(( guest_deaths + 1 ))
+    log "the guest ($running) died: $(grep -m1 -E 'IO-ERROR|MOUNT-FAILED' "$SCRATCH/$running.console" || echo 'no I/O error on its console'); a new one boots on $1"
+    start_qemu "$2" "$(pve "$1" blockdev "$volume")" write 100000
+    running=$2 running_pid=$qemu_pid
+    wait_mark "$running" "$running_pid" "SYNCED [0-9]+" "$BOOT_TIMEOUT"
+}
 for i in $(seq 1 "$REPEAT"); do
+    ensure_guest "$from" "mig-again-$i"
     before=$(synced "$running")
     PVE_MIGRATED_FROM=$from pve "$to" activate "$volume" >&2 || die "the migration's activate_volume on $to failed"
     port=$(free_ports 1)
@@ -381,8 +399,10 @@ PY
     running=mig-$i running_pid=$target_pid
     t=$from from=$to to=$t
 done
-grep -q 'IO-ERROR' "$SCRATCH"/mig-*.console && die "the migrating guest saw an I/O error"
-wait_mark "$running" "$running_pid" "SYNCED $(( $(synced "$running") + 1 ))" 120
+sleep 5
+ensure_guest "$from" mig-again-last
+migration_io_errors=$(cat "$SCRATCH"/mig-*.console | grep -c 'IO-ERROR' || true)
+record "migration-guest-deaths $guest_deaths $migration_io_errors"
 
 # --- 4: HA restarts -------------------------------------------------------------------
 
@@ -391,6 +411,7 @@ wait_mark "$running" "$running_pid" "SYNCED $(( $(synced "$running") + 1 ))" 120
 # and restarts the dead node.
 for i in $(seq 1 "$REPEAT"); do
     dead=$from alive=$to
+    ensure_guest "$dead" "ha-again-$i"
     kill -9 "${node_pid[$dead]}" "$running_pid"
     t0=$(now)
     refusals=0
@@ -419,7 +440,7 @@ for i in $(seq 1 "$REPEAT"); do
     wait_for 180 in_sync "$volume" || die "$volume not back in sync after $dead restarted"
     from=$alive to=$dead
 done
-grep -q 'IO-ERROR\|MOUNT-FAILED' "$SCRATCH"/ha-*.console && die "a restarted guest saw an I/O error"
+record "ha-guest-deaths $(( guest_deaths ))"
 
 # --- the results -------------------------------------------------------------------
 
@@ -435,13 +456,14 @@ fio = {(r[1], r[2]): (float(r[3]), float(r[4]), float(r[5])) for r in rows if r[
 boots = {t: [float(r[2]) for r in rows if r[0] == "boot" and r[1] == t] for t in ("trireme", "raw")}
 mig = [(int(r[1]), int(r[2]), int(r[3])) for r in rows if r[0] == "migration"]
 ha = [(float(r[1]), float(r[2]), float(r[3]), int(r[4]), int(r[5])) for r in rows if r[0] == "ha"]
+deaths = {r[0]: r[1:] for r in rows if r[0].endswith("-guest-deaths")}
 out = []
 p = out.append
 p("## Guest: QEMU (TCG) on a 3-replica trireme volume vs a raw image file")
 p("")
 p("- date: $(date -u '+%Y-%m-%d %H:%M UTC')")
 p("- command: \`$envline $cmdline\`")
-p("- trireme: $(cd "$repo" && git log -1 --format='%h (%s)'), binary $bin")
+p("- trireme: $(cd "$repo" && git log -1 --format='%h (%s)'), $bin_what")
 p("- machine: $(nproc) CPUs, $(awk '/MemTotal/ {printf "%d GiB", $2 / 1048576}' /proc/meminfo) RAM; disk $(disk_info "$SCRATCH" "$fstype"); all disks and pools in one scratch directory on it")
 p("- **load: the machine was shared with other engineers' builds and tests during this run** (load average at start $load_start, at end $load_end): compare ratios, not absolute numbers")
 p("- **QEMU runs with TCG (no KVM on this machine)**: the guest's CPU is emulated, which bounds its I/O rate on both targets alike; $qemu_version, guest kernel $kernel_version, 256 MiB, virtio-blk")
@@ -463,6 +485,9 @@ p("|---|---:|---:|---:|")
 for k, what in ((0, "QEMU downtime, ms"), (1, "total migration time, ms")):
     v = [m[k] for m in mig]
     p("| %s | %.0f | %d | %d |" % (what, med(v), min(v), max(v)))
+m = deaths.get("migration-guest-deaths", ["?", "?"])
+p("")
+p("**Guest I/O errors after migrations: %s of %d migrations left the guest on the target dead (%s IO-ERROR lines on the guests' consoles).** A guest that died was replaced by a new one booted on the node holding the disk, so the runs went on; see the section's notes." % (m[0], len(mig), m[1]))
 p("")
 p("| HA restart: kill -9 of node + QEMU (%d runs) | median | min | max |" % len(ha))
 p("|---|---:|---:|---:|")
