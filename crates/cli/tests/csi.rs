@@ -595,7 +595,9 @@ fn restarting_the_node_plugin_while_fio_writes_interrupts_nothing() {
     assert_eq!(before.len(), 1, "one nbdfuse for the volume: {before:?}");
 
     // 48 MiB at 8 MiB/s: about six seconds of writes, then a verify pass.
+    // In the test's directory: fio leaves its verify state file there.
     let mut fio = std::process::Command::new("fio")
+        .current_dir(dir.path())
         .args([
             "--name=csi-restart",
             &format!("--filename={}", device.display()),
