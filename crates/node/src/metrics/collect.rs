@@ -139,14 +139,13 @@ impl Sources {
         let (mut quorum, mut repaired, mut resynced, mut failovers) =
             (vec![], vec![], vec![], vec![]);
         for (volume, report) in &reports {
-            let of_volume = vec![label("volume", &volume)];
+            let of_volume = vec![label("volume", volume)];
             quorum.push((of_volume.clone(), f64::from(u8::from(report.quorum))));
             repaired.push((of_volume.clone(), report.counters.repaired_blocks as f64));
             resynced.push((of_volume.clone(), report.counters.resynced_bytes as f64));
             failovers.push((of_volume, report.counters.read_failovers as f64));
             for link in &report.links {
-                let labels: Labels =
-                    vec![label("volume", &volume), label("peer", names(link.node))];
+                let labels: Labels = vec![label("volume", volume), label("peer", names(link.node))];
                 messages.push((labels.clone(), link.in_flight_messages as f64));
                 bytes.push((labels.clone(), link.in_flight_bytes as f64));
                 out_of_sync.push((labels.clone(), link.out_of_sync_bytes as f64));

@@ -64,9 +64,8 @@ impl Rates {
         }
     }
 
-    /// Rates per volume over the window, volume names in order. A volume
-    /// seen in one sample only (or a node up for less than a second) has
-    /// rate 0.
+    /// Rates per volume over the window, volume names in order. With one
+    /// sample only (a node up for less than a second) every rate is 0.
     pub fn current(&self) -> BTreeMap<String, Rate> {
         let samples = self.samples.lock().unwrap_or_else(|p| p.into_inner());
         let Some(newest) = samples.back() else {
@@ -81,7 +80,9 @@ impl Rates {
             .volumes
             .iter()
             .map(|(volume, now)| {
-                let then = oldest.volumes.get(volume).copied().unwrap_or(*now);
+                // Counters start at zero: a volume first served inside
+                // the window counts from zero.
+                let then = oldest.volumes.get(volume).copied().unwrap_or_default();
                 let per_second = |now: u64, then: u64| {
                     if seconds > 0.0 {
                         // A counter that restarted (volume recreated) is
@@ -135,8 +136,19 @@ mod tests {
         assert!((rate.read_iops - 100.0).abs() < 1e-9, "{rate:?}");
         assert!((rate.write_bytes_per_sec - (1 << 20) as f64).abs() < 1e-6);
         assert_eq!(rates.samples.lock().unwrap().len(), SAMPLES_KEPT);
+        // A volume first served inside the window counts from zero.
+        let mut with_new = totals(100 * 21, 21 << 20);
+        with_new.insert(
+            "new".to_string(),
+            Totals {
+                write_ops: 50,
+                ..Totals::default()
+            },
+        );
+        rates.record(start + Duration::from_secs(21), with_new);
+        assert!((rates.current()["new"].write_iops - 5.0).abs() < 1e-9);
         // A restarted counter reads as idle, not negative.
-        rates.record(start + Duration::from_secs(21), totals(0, 0));
+        rates.record(start + Duration::from_secs(22), totals(0, 0));
         assert_eq!(rates.current()["v"].read_iops, 0.0);
     }
 }
