@@ -180,6 +180,10 @@ pub(crate) fn try_inline(context: &ReplyContext, request: Request) -> Result<Out
 /// threads ([`BlockTarget::submits`]); its reply goes to `replies` when it
 /// completes. Requests with nothing to hand over (block status, zero
 /// lengths) come back, to run as usual.
+// The request comes back by value when it is not handed over: boxing it
+// would allocate on every request, which the accounting in `Permits` must
+// not cost.
+#[allow(clippy::result_large_err)]
 pub(crate) fn submit(
     context: &ReplyContext,
     request: Request,
