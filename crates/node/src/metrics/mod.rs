@@ -141,18 +141,6 @@ fn openmetrics_to_prometheus_text(openmetrics: &str) -> String {
     text
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn counter_families_take_their_samples_name() {
-        let openmetrics = "# HELP a_ops Operations.\n# TYPE a_ops counter\na_ops_total{op=\"r\"} 2.0\n# HELP b_bytes Size.\n# TYPE b_bytes gauge\nb_bytes 1\n# EOF\n";
-        assert_eq!(
-            super::openmetrics_to_prometheus_text(openmetrics),
-            "# HELP a_ops_total Operations.\n# TYPE a_ops_total counter\na_ops_total{op=\"r\"} 2.0\n# HELP b_bytes Size.\n# TYPE b_bytes gauge\nb_bytes 1\n"
-        );
-    }
-}
-
 /// Samples the counters every [`rates::SAMPLE_EVERY`] and forgets volumes
 /// the cluster deleted, until `stop`.
 pub async fn run_sampler(
@@ -175,5 +163,17 @@ pub async fn run_sampler(
             });
         }
         metrics.sample(Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counter_families_take_their_samples_name() {
+        let openmetrics = "# HELP a_ops Operations.\n# TYPE a_ops counter\na_ops_total{op=\"r\"} 2.0\n# HELP b_bytes Size.\n# TYPE b_bytes gauge\nb_bytes 1\n# EOF\n";
+        assert_eq!(
+            super::openmetrics_to_prometheus_text(openmetrics),
+            "# HELP a_ops_total Operations.\n# TYPE a_ops_total counter\na_ops_total{op=\"r\"} 2.0\n# HELP b_bytes Size.\n# TYPE b_bytes gauge\nb_bytes 1\n"
+        );
     }
 }
