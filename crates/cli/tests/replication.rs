@@ -296,6 +296,60 @@ fn live_migration_with_two_primaries_keeps_every_write_on_every_replica() {
     }
 }
 
+/// The end of a live migration: the source detaches while the target's
+/// client writes. The target's engine restarts at a new generation under
+/// the open connection; its requests go to the new engine and the client
+/// sees no error (bench/guest.sh found guests losing their journal here).
+#[test]
+fn the_source_detaching_after_a_migration_fails_no_request_on_the_target() {
+    if !tools_or_skip(&["fio"]) {
+        return;
+    }
+    let nodes = three_nodes();
+    nodes[0].cli(&["volume", "create", "md", "--size", "64M"]);
+    wait_in_sync(&nodes[0], "md", Duration::from_secs(30));
+    attach(&nodes[0], "md", "n1", &[]);
+    wait_served(&nodes[0], "md");
+    attach(&nodes[0], "md", "n2", &["--allow-two-primaries"]);
+    wait_served(&nodes[1], "md");
+
+    let mut fio = cmd(
+        "fio",
+        &[
+            "--name=migrated",
+            "--ioengine=nbd",
+            &format!("--uri={}", nodes[1].uri("md")),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=48M",
+            "--iodepth=16",
+            // Flushes too: a flush in flight at the restart must not fail.
+            "--fsync=16",
+            // Writing for a fixed time (the detach comes in the middle),
+            // checking what it wrote as it goes.
+            "--time_based",
+            "--runtime=8",
+            "--verify_backlog=512",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--randrepeat=1",
+            "--verify_state_save=0",
+            "--output-format=terse",
+        ],
+    );
+    let child = std::thread::spawn(move || exec(&mut fio, Duration::from_secs(600)));
+    std::thread::sleep(Duration::from_secs(3));
+    nodes[0].cli(&["volume", "detach", "md", "--node", "n1"]);
+    let out = child.join().unwrap();
+    assert!(
+        out.success(),
+        "{}",
+        out.describe("fio on the target while the source detached")
+    );
+    let primaries = show(&nodes[0], "md")["primaries"].clone();
+    assert_eq!(primaries, serde_json::json!(["n2"]), "{primaries}");
+}
+
 #[test]
 fn a_diskless_primary_on_the_tiebreaker_node_counts_its_own_vote() {
     if !tools_or_skip(&["qemu-io"]) {

@@ -38,6 +38,9 @@ use crate::cluster::{auth, Cluster};
 use crate::{Node, NodeError};
 
 pub struct Replication {
+    /// Itself, for the NBD targets it hands out (they find an engine's
+    /// successor here).
+    this: std::sync::Weak<Replication>,
     node: Arc<Node>,
     /// `HOST:PORT` other nodes open data links to.
     data_address: OnceLock<String>,
@@ -51,7 +54,8 @@ pub struct Replication {
 impl Replication {
     pub fn open(node: Arc<Node>) -> Result<Arc<Replication>, NodeError> {
         let meta = Arc::new(ReplicationMeta::open(node.data_dir())?);
-        Ok(Arc::new(Replication {
+        Ok(Arc::new_cyclic(|this| Replication {
+            this: this.clone(),
             node,
             data_address: OnceLock::new(),
             meta,
@@ -101,8 +105,17 @@ impl Replication {
     /// The NBD target of a volume attached here, while its engine runs
     /// (a resync-only engine serves no client).
     pub fn target(&self, name: &VolumeName) -> Option<Arc<dyn BlockTarget>> {
-        let engine = self.engine(name).filter(|engine| !engine.resync_only)?;
-        Some(Arc::new(volume::ReplicatedVolume::new(engine)))
+        let engine = self.target_engine(name)?;
+        Some(Arc::new(volume::ReplicatedVolume::new(
+            name.clone(),
+            self.this.clone(),
+            engine,
+        )))
+    }
+
+    /// The running engine that serves clients of `name` here.
+    fn target_engine(&self, name: &VolumeName) -> Option<Arc<EngineHandle>> {
+        self.engine(name).filter(|engine| !engine.resync_only)
     }
 
     /// Whether `name` is attached here by the local copy of the state.

@@ -6,27 +6,63 @@
 //! through the engine, which reads a peer and repairs the bad copy, and
 //! without the lease, through the engine too, which waits for it.
 //! Everything else goes through the engine.
+//!
+//! An NBD connection outlives the engine it was opened on: the engine
+//! restarts at a new generation when the volume's primaries change (the
+//! other primary of a live migration detaching, a takeover). Requests the
+//! old engine answers `ShuttingDown` then go to its successor, so the
+//! client (QEMU under a running guest) sees no error; they are NBD
+//! requests, which the protocol lets a server redo (a write puts the same
+//! bytes at the same place; a flush covers the same stores).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 use trireme_replication::{ClientError, ClientRequest, Completion, Payload, ReadData};
 use trireme_types::{
     BlockBuf, BlockStatusExtent, BlockTarget, Completer, TargetError, TargetReply, TargetRequest,
-    ZeroFlags,
+    VolumeName, ZeroFlags,
 };
 
 use super::engine::EngineHandle;
+use super::Replication;
+
+/// How long a request waits for the engine that replaces a stopped one.
+/// An engine restart takes milliseconds; this bounds a lost cause.
+const SUCCESSOR_WAIT: Duration = Duration::from_secs(10);
 
 pub struct ReplicatedVolume {
-    engine: Arc<EngineHandle>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    name: VolumeName,
+    replication: Weak<Replication>,
+    /// The engine requests go to: the one the connection opened, then
+    /// each successor.
+    engine: Mutex<Arc<EngineHandle>>,
 }
 
 impl ReplicatedVolume {
-    pub fn new(engine: Arc<EngineHandle>) -> Self {
-        ReplicatedVolume { engine }
+    pub fn new(
+        name: VolumeName,
+        replication: Weak<Replication>,
+        engine: Arc<EngineHandle>,
+    ) -> Self {
+        ReplicatedVolume {
+            shared: Arc::new(Shared {
+                name,
+                replication,
+                engine: Mutex::new(engine),
+            }),
+        }
+    }
+
+    fn engine(&self) -> Arc<EngineHandle> {
+        self.shared.engine()
     }
 
     fn call(&self, request: ClientRequest) -> Result<Completion, TargetError> {
-        self.engine.call(request).map_err(client_error)
+        self.shared.call(request)
     }
 
     fn write_payload(&self, offset: u64, payload: Payload, fua: bool) -> Result<(), TargetError> {
@@ -36,6 +72,95 @@ impl ReplicatedVolume {
             fua,
         })
         .map(|_| ())
+    }
+}
+
+impl Shared {
+    fn engine(&self) -> Arc<EngineHandle> {
+        self.engine
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// The engine that replaced `stopped`, waiting (bounded) while the
+    /// volume is still attached here; `None` once it is not.
+    fn successor(&self, stopped: &Arc<EngineHandle>) -> Option<Arc<EngineHandle>> {
+        let deadline = Instant::now() + SUCCESSOR_WAIT;
+        loop {
+            let replication = self.replication.upgrade()?;
+            if let Some(next) = replication.target_engine(&self.name) {
+                if !Arc::ptr_eq(&next, stopped) {
+                    let mut current = self
+                        .engine
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    *current = next.clone();
+                    tracing::info!(volume = %self.name, "requests go to the volume's restarted engine");
+                    return Some(next);
+                }
+            }
+            if replication.attached_here(&self.name) == Some(false) || Instant::now() >= deadline {
+                return None;
+            }
+            drop(replication);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn call(&self, request: ClientRequest) -> Result<Completion, TargetError> {
+        let mut engine = self.engine();
+        loop {
+            match engine.call(request.clone()) {
+                Err(ClientError::ShuttingDown) => match self.successor(&engine) {
+                    Some(next) => engine = next,
+                    None => return Err(TargetError::ShuttingDown),
+                },
+                result => return result.map_err(client_error),
+            }
+        }
+    }
+
+    /// Submits `request` to `engine`; if that engine stops under it, a
+    /// thread of its own (the answer comes under the engine's lock, which
+    /// must not wait) hands it to the successor.
+    fn submit_to(
+        self: &Arc<Self>,
+        engine: Arc<EngineHandle>,
+        request: ClientRequest,
+        done: Completer,
+    ) {
+        let volume = self.clone();
+        let retry = request.clone();
+        let stopped = engine.clone();
+        engine.submit(
+            request,
+            Box::new(move |result| match result {
+                Err(ClientError::ShuttingDown) => {
+                    let slot = Arc::new(Mutex::new(Some(done)));
+                    let answer = slot.clone();
+                    let spawned = std::thread::Builder::new()
+                        .name("nbd-engine-retry".into())
+                        .spawn(move || {
+                            let Some(done) = answer.lock().ok().and_then(|mut slot| slot.take())
+                            else {
+                                return;
+                            };
+                            match volume.successor(&stopped) {
+                                Some(next) => volume.submit_to(next, retry, done),
+                                None => done(Err(TargetError::ShuttingDown)),
+                            }
+                        });
+                    if let Err(error) = spawned {
+                        tracing::warn!(%error, "cannot hand a request to the restarted engine");
+                        if let Some(done) = slot.lock().ok().and_then(|mut slot| slot.take()) {
+                            done(Err(TargetError::ShuttingDown));
+                        }
+                    }
+                }
+                result => done(target_reply(result)),
+            }),
+        );
     }
 }
 
@@ -58,12 +183,13 @@ fn target_reply(result: Result<Completion, ClientError>) -> Result<TargetReply, 
 
 impl BlockTarget for ReplicatedVolume {
     fn size_bytes(&self) -> u64 {
-        self.engine.size_bytes
+        self.engine().size_bytes
     }
 
     fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), TargetError> {
-        if self.engine.reads_locally() {
-            if let Some(local) = &self.engine.local {
+        let engine = self.engine();
+        if engine.reads_locally() {
+            if let Some(local) = &engine.local {
                 match local.read(offset, buffer) {
                     Ok(()) => return Ok(()),
                     // A bad local block: the engine reads a peer and
@@ -92,10 +218,11 @@ impl BlockTarget for ReplicatedVolume {
     }
 
     fn try_read(&self, offset: u64, buffer: &mut [u8]) -> Option<Result<(), TargetError>> {
-        if !self.engine.reads_locally() {
+        let engine = self.engine();
+        if !engine.reads_locally() {
             return None;
         }
-        match self.engine.local.as_ref()?.try_read(offset, buffer)? {
+        match engine.local.as_ref()?.try_read(offset, buffer)? {
             Ok(()) => Some(Ok(())),
             Err(_) => None,
         }
@@ -129,23 +256,26 @@ impl BlockTarget for ReplicatedVolume {
     }
 
     fn submit(&self, request: TargetRequest, done: Completer) {
+        let engine = self.engine();
         let request = match request {
             TargetRequest::Read { offset, length } => {
-                if self.engine.reads_locally() {
-                    if let Some(local) = self.engine.local.clone() {
+                if engine.reads_locally() {
+                    if let Some(local) = engine.local.clone() {
                         // The local copy is up to date: read it on an I/O
                         // thread (the NBD server already tried the page
                         // cache); a bad block there goes through the engine,
                         // which reads a peer and repairs it.
-                        let engine = self.engine.clone();
+                        let shared = self.shared.clone();
                         tokio::task::spawn_blocking(move || {
                             let mut buffer = vec![0u8; length as usize];
                             match local.read(offset, &mut buffer) {
                                 Ok(()) => done(Ok(TargetReply::Data(buffer))),
                                 Err(TargetError::Io(message)) if message.contains("checksum") => {
-                                    engine.submit(
+                                    let engine = shared.engine();
+                                    shared.submit_to(
+                                        engine,
                                         ClientRequest::Read { offset, length },
-                                        Box::new(move |result| done(target_reply(result))),
+                                        done,
                                     )
                                 }
                                 Err(error) => done(Err(error)),
@@ -184,8 +314,7 @@ impl BlockTarget for ReplicatedVolume {
                 fua: flags.fua,
             },
         };
-        self.engine
-            .submit(request, Box::new(move |result| done(target_reply(result))));
+        self.shared.submit_to(engine, request, done);
     }
 
     fn block_status(
@@ -193,8 +322,9 @@ impl BlockTarget for ReplicatedVolume {
         offset: u64,
         length: u64,
     ) -> Result<Vec<BlockStatusExtent>, TargetError> {
-        if self.engine.reads_locally() {
-            if let Some(local) = &self.engine.local {
+        let engine = self.engine();
+        if engine.reads_locally() {
+            if let Some(local) = &engine.local {
                 return local.block_status(offset, length);
             }
         }
