@@ -81,7 +81,9 @@ const ALLOWED_SKIPS: &[(&str, &str)] = &[
     ("SnapshotMetadata", "no snapshot metadata service (alpha)"),
 ];
 
-/// The driver's binary, built if needed.
+/// The driver's binary, built if needed. The build selects the whole
+/// workspace, as `cargo test --workspace` does: with `-p trireme-csi` alone
+/// cargo resolves other features for shared dependencies and rebuilds them.
 fn csi_bin() -> PathBuf {
     let bin = Path::new(trireme_bin()).with_file_name("trireme-csi");
     if let Some(cargo) = std::env::var_os("CARGO") {
@@ -89,8 +91,7 @@ fn csi_bin() -> PathBuf {
             std::process::Command::new(cargo).args([
                 "build",
                 "-q",
-                "-p",
-                "trireme-csi",
+                "--workspace",
                 "--bin",
                 "trireme-csi",
             ]),
