@@ -55,6 +55,15 @@ pub fn unsupported(capability: &VolumeCapability) -> Option<String> {
     }
 }
 
+/// A request's one capability: present, and served.
+pub fn check_one(capability: Option<&VolumeCapability>) -> Result<&VolumeCapability, Status> {
+    let capability = capability.ok_or_else(|| missing("volume_capability"))?;
+    match unsupported(capability) {
+        Some(why) => Err(Status::invalid_argument(why)),
+        None => Ok(capability),
+    }
+}
+
 /// Checks a request's capabilities: present, and each one served.
 pub fn check_all(capabilities: &[VolumeCapability]) -> Result<(), Status> {
     if capabilities.is_empty() {

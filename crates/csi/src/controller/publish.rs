@@ -35,10 +35,7 @@ pub async fn publish(
     if node_id.is_empty() {
         return Err(missing("node_id"));
     }
-    let capability = volume_capability.ok_or_else(|| missing("volume_capability"))?;
-    if let Some(why) = capability::unsupported(&capability) {
-        return Err(Status::invalid_argument(why));
-    }
+    let capability = capability::check_one(volume_capability.as_ref())?;
     let api = driver.api_for(&secrets);
     let volume = volume(&api, &volume_id).await?;
     node(&api, &node_id).await?;
@@ -51,7 +48,7 @@ pub async fn publish(
     let path = format!("/volumes/{volume_id}/attach");
     let mut attach = api::Attach {
         node: &node_id,
-        allow_two_primaries: capability::multi_node(&capability),
+        allow_two_primaries: capability::multi_node(capability),
         force_takeover: false,
     };
     let refused = match api.post::<api::AttachAnswer>(&path, &attach).await {

@@ -34,13 +34,7 @@ pub async fn stage(
     if request.staging_target_path.is_empty() {
         return Err(missing("staging_target_path"));
     }
-    let capability = request
-        .volume_capability
-        .as_ref()
-        .ok_or_else(|| missing("volume_capability"))?;
-    if let Some(why) = capability::unsupported(capability) {
-        return Err(Status::invalid_argument(why));
-    }
+    let capability = capability::check_one(request.volume_capability.as_ref())?;
     driver.existing_volume(&request.volume_id).await?;
     let staging = Path::new(&request.staging_target_path);
     let device = device::attach(config, &request.volume_id)
@@ -134,13 +128,7 @@ pub async fn publish(
     if request.target_path.is_empty() {
         return Err(missing("target_path"));
     }
-    let capability = request
-        .volume_capability
-        .as_ref()
-        .ok_or_else(|| missing("volume_capability"))?;
-    if let Some(why) = capability::unsupported(capability) {
-        return Err(Status::invalid_argument(why));
-    }
+    let capability = capability::check_one(request.volume_capability.as_ref())?;
     if request.staging_target_path.is_empty() {
         return Err(missing("staging_target_path"));
     }
