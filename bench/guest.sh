@@ -87,11 +87,7 @@ for t in qemu-system-x86_64 qemu-io busybox apt-get apt-cache dpkg mkfs.ext4 nbd
     command -v $t >/dev/null || die "$t not installed"
 done
 
-load_start=$(cut -d' ' -f1-3 /proc/loadavg)
-rm -rf "$SCRATCH"
-mkdir -p "$SCRATCH"
-fstype=$(df --output=fstype "$SCRATCH" | tail -1 | tr -d ' ')
-case "$fstype" in tmpfs|ramfs) die "scratch $SCRATCH is on $fstype: choose SCRATCH on a real disk" ;; esac
+fresh_scratch
 
 bin=${BIN:-$repo/target/release/trireme}
 if [ $build = 1 ] && [ -z "${BIN:-}" ]; then

@@ -31,3 +31,22 @@ sectors_written() {
     [ -n "$1" ] || return 0
     awk -v d="$1" '$3 == d { print $10; exit }' /proc/diskstats
 }
+
+# bytes_of SIZE: the bytes of a size such as 2G, 512M or 1GiB.
+bytes_of() {
+    python3 -c "
+import sys,re
+m=re.fullmatch(r'(\d+)([KMGT]?)', sys.argv[1].upper().rstrip('IB'))
+print(int(m.group(1)) * 1024**' KMGT'.index(m.group(2) or ' '))" "$1"
+}
+
+# fresh_scratch: empties $SCRATCH, refusing a RAM-backed one (the numbers
+# would not be a disk's); sets load_start (the load average before the
+# run) and fstype. Calls the script's die.
+fresh_scratch() {
+    load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+    rm -rf "$SCRATCH"
+    mkdir -p "$SCRATCH"
+    fstype=$(df --output=fstype "$SCRATCH" | tail -1 | tr -d ' ')
+    case "$fstype" in tmpfs|ramfs|overlay-tmpfs) die "scratch $SCRATCH is on $fstype: choose SCRATCH on a real disk" ;; esac
+}

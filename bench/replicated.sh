@@ -77,17 +77,10 @@ for j in $JOBS; do case "$j" in J[1-6]) ;; *) die "unknown job $j (JOBS takes J1
 for t in $TARGETS; do case "$t" in trireme|qemu-nbd|raw|raw3) ;; *) die "unknown target $t" ;; esac; done
 for t in fio python3 qemu-nbd nbdinfo curl; do command -v $t >/dev/null || die "$t not installed"; done
 
-size_bytes=$(python3 -c "
-import sys,re
-m=re.fullmatch(r'(\d+)([KMGT]?)', sys.argv[1].upper().rstrip('IB'))
-print(int(m.group(1)) * 1024**' KMGT'.index(m.group(2) or ' '))" "$SIZE")
+size_bytes=$(bytes_of "$SIZE")
 pool_bytes=$(( size_bytes + size_bytes / 4 + (512 << 20) ))
 
-load_start=$(cut -d' ' -f1-3 /proc/loadavg)
-rm -rf "$SCRATCH"
-mkdir -p "$SCRATCH"
-fstype=$(df --output=fstype "$SCRATCH" | tail -1 | tr -d ' ')
-case "$fstype" in tmpfs|ramfs|overlay-tmpfs) die "scratch $SCRATCH is on $fstype: choose SCRATCH on a real disk" ;; esac
+fresh_scratch
 log "scratch $SCRATCH on $fstype ($(df -h --output=avail "$SCRATCH" | tail -1 | tr -d ' ') free); size $SIZE, runtime ${RUNTIME}s x $REPEAT, jobs $JOBS"
 
 if [ $build = 1 ] && [[ " $TARGETS " == *" trireme "* ]]; then

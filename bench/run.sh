@@ -59,18 +59,11 @@ die() { log "ERROR: $*"; exit 1; }
 
 for t in fio python3 qemu-nbd; do command -v $t >/dev/null || die "$t not installed"; done
 
-size_bytes=$(python3 -c "
-import sys,re
-m=re.fullmatch(r'(\d+)([KMGT]?)', sys.argv[1].upper().rstrip('IB'))
-print(int(m.group(1)) * 1024**' KMGT'.index(m.group(2) or ' '))" "$SIZE")
+size_bytes=$(bytes_of "$SIZE")
 pool_bytes=$(( size_bytes + size_bytes / 4 + (512 << 20) ))
 
-load_start=$(cut -d' ' -f1-3 /proc/loadavg)
-rm -rf "$SCRATCH"
-mkdir -p "$SCRATCH"
-fstype=$(df --output=fstype "$SCRATCH" | tail -1 | tr -d ' ')
+fresh_scratch
 device=$(device_of "$SCRATCH")
-case "$fstype" in tmpfs|ramfs|overlay-tmpfs) die "scratch $SCRATCH is on $fstype: choose SCRATCH on a real disk" ;; esac
 # One target's images at a time (the pool is the largest), plus a margin
 # for the logs and the file systems' own use; all of them with KEEP_SCRATCH.
 need_bytes=$(( pool_bytes + (1 << 30) ))

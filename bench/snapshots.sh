@@ -57,10 +57,7 @@ die() {
 for t in fio python3 qemu-nbd nbdinfo; do command -v $t >/dev/null || die "$t not installed"; done
 [ "$SNAPSHOTS" -ge 2 ] || die "SNAPSHOTS must be at least 2"
 
-size_bytes=$(python3 -c "
-import sys,re
-m=re.fullmatch(r'(\d+)([KMGT]?)', sys.argv[1].upper().rstrip('IB'))
-print(int(m.group(1)) * 1024**' KMGT'.index(m.group(2) or ' '))" "$SIZE")
+size_bytes=$(bytes_of "$SIZE")
 # A 4 KiB write to a shared 64 KiB chunk pins that whole chunk in the
 # snapshot, so each MiB of random writes between snapshots can keep up to
 # 16 MiB. Room for: the volume, the two snapshots kept whole by the full
@@ -68,11 +65,7 @@ print(int(m.group(1)) * 1024**' KMGT'.index(m.group(2) or ' '))" "$SIZE")
 # and slack. The pool file is sparse: only what is written takes disk.
 pool_bytes=$(( size_bytes * 6 + SNAPSHOTS * SCATTER_MIB * (16 << 20) + (4096 << 20) ))
 
-load_start=$(cut -d' ' -f1-3 /proc/loadavg)
-rm -rf "$SCRATCH"
-mkdir -p "$SCRATCH"
-fstype=$(df --output=fstype "$SCRATCH" | tail -1 | tr -d ' ')
-case "$fstype" in tmpfs|ramfs|overlay-tmpfs) die "scratch $SCRATCH is on $fstype: choose SCRATCH on a real disk" ;; esac
+fresh_scratch
 log "scratch $SCRATCH on $fstype; size $SIZE, $SNAPSHOTS snapshots, runtime ${RUNTIME}s x $REPEAT"
 
 if [ $build = 1 ]; then

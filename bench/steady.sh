@@ -66,18 +66,11 @@ for t in fio python3 qemu-nbd; do command -v $t >/dev/null || die "$t not instal
 for j in $SEQUENCE; do case "$j" in J[1-6]) ;; *) die "unknown job $j (SEQUENCE takes J1..J6)" ;; esac; done
 for t in $TARGETS; do case "$t" in trireme|qemu-direct|raw|qemu-nbd) ;; *) die "unknown target $t" ;; esac; done
 
-size_bytes=$(python3 -c "
-import sys,re
-m=re.fullmatch(r'(\d+)([KMGT]?)', sys.argv[1].upper().rstrip('IB'))
-print(int(m.group(1)) * 1024**' KMGT'.index(m.group(2) or ' '))" "$SIZE")
+size_bytes=$(bytes_of "$SIZE")
 pool_bytes=$(( size_bytes + size_bytes / 4 + (512 << 20) ))
 
-load_start=$(cut -d' ' -f1-3 /proc/loadavg)
-rm -rf "$SCRATCH"
-mkdir -p "$SCRATCH"
-fstype=$(df --output=fstype "$SCRATCH" | tail -1 | tr -d ' ')
+fresh_scratch
 device=$(device_of "$SCRATCH")
-case "$fstype" in tmpfs|ramfs|overlay-tmpfs) die "scratch $SCRATCH is on $fstype: choose SCRATCH on a real disk" ;; esac
 avail_bytes=$(( $(df --output=avail -k "$SCRATCH" | tail -1) * 1024 ))
 [ "$avail_bytes" -ge $(( pool_bytes + (1 << 30) )) ] || die "scratch $SCRATCH has too little room for SIZE=$SIZE"
 
