@@ -52,18 +52,17 @@ pub async fn stage(
     } else {
         mount.fs_type.as_str()
     };
-    let existing = run("blkid", &["-o", "value", "-s", "TYPE", &device])
-        .await
-        .unwrap_or_default();
-    let existing = existing.trim();
-    if existing.is_empty() {
-        make_file_system(fs_type, &device).await.map_err(internal)?;
-    } else if existing != fs_type {
-        return Err(Status::failed_precondition(format!(
-            "volume '{}' holds a {existing} file system, not {fs_type}: it is never reformatted; \
-             ask for fstype {existing}",
-            request.volume_id
-        )));
+    let existing = system::file_system_type(&device).await.map_err(internal)?;
+    match existing {
+        None => make_file_system(fs_type, &device).await.map_err(internal)?,
+        Some(existing) if existing != fs_type => {
+            return Err(Status::failed_precondition(format!(
+                "volume '{}' holds a {existing} file system, not {fs_type}: it is never \
+                 reformatted; ask for fstype {existing}",
+                request.volume_id
+            )));
+        }
+        Some(_) => {}
     }
     std::fs::create_dir_all(staging).map_err(internal)?;
     let options = mount_options(&mount.mount_flags, false);

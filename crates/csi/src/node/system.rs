@@ -72,6 +72,85 @@ pub async fn run(program: &str, args: &[&str]) -> Result<String, SystemError> {
     Ok(String::from_utf8_lossy(&output.stdout).to_string())
 }
 
+/// The file system on `device`, or `None` when it holds none.
+///
+/// `blkid -p` probes the device itself. Plain `blkid` answers from its
+/// cache (/run/blkid/blkid.tab) when the last probe is under two seconds
+/// old: a loop device just set up on a new, empty volume then reads as the
+/// file system of the volume that had the same loop device a moment ago,
+/// and the volume is never formatted. Any failure other than "nothing
+/// found" (exit status 2) is an error: formatting on a failed probe would
+/// destroy a file system. blkid answers 2 for a device it cannot open as
+/// well, so the device is opened and its first blocks read here first.
+pub async fn file_system_type(device: &str) -> Result<Option<String>, SystemError> {
+    let path = device.to_string();
+    tokio::task::spawn_blocking(move || readable_block_device(&path))
+        .await
+        .expect("the device check does not panic")?;
+    let args = ["-p", "-o", "value", "-s", "TYPE", device];
+    let command = format!("blkid {}", args.join(" "));
+    let output = Command::new("blkid")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = match tokio::time::timeout(COMMAND_TIMEOUT, output).await {
+        Err(_) => return Err(SystemError::TimedOut { command }),
+        Ok(Err(source)) => {
+            return Err(SystemError::Missing {
+                program: "blkid".into(),
+                package: package_of("blkid"),
+                source,
+            })
+        }
+        Ok(Ok(output)) => output,
+    };
+    const NOTHING_FOUND: i32 = 2;
+    match output.status.code() {
+        Some(0) => {
+            let found = String::from_utf8_lossy(&output.stdout).trim().to_string();
+            Ok((!found.is_empty()).then_some(found))
+        }
+        Some(NOTHING_FOUND) => Ok(None),
+        _ => Err(SystemError::Failed {
+            command,
+            status: output.status.to_string(),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        }),
+    }
+}
+
+/// Fails unless `device` is a block device whose first 64 KiB (where
+/// every file system blkid knows keeps its signature) can be read.
+fn readable_block_device(device: &str) -> Result<(), SystemError> {
+    use std::io::Read;
+    use std::os::unix::fs::FileTypeExt;
+    let path = Path::new(device);
+    let io = |doing, source| SystemError::Io {
+        doing,
+        path: path.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(|source| io("looking up", source))?;
+    if !meta.file_type().is_block_device() {
+        return Err(io(
+            "probing",
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a block device"),
+        ));
+    }
+    let mut head = vec![0u8; 64 * 1024];
+    let mut file = std::fs::File::open(path).map_err(|source| io("opening", source))?;
+    let mut filled = 0;
+    while filled < head.len() {
+        match file.read(&mut head[filled..]) {
+            Ok(0) => break,
+            Ok(read) => filled += read,
+            Err(source) => return Err(io("reading the first blocks of", source)),
+        }
+    }
+    Ok(())
+}
+
 /// One line of /proc/self/mountinfo.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
