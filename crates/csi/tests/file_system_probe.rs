@@ -69,7 +69,10 @@ fn a_reused_loop_device_reads_as_empty_when_its_new_volume_is_empty() {
     sh("blkid", &[&device.0]);
     sh("losetup", &["-d", &device.0]);
     // The same device again, now showing an empty volume.
-    let reused = Command::new("losetup").args([&device.0, &new]).output().unwrap();
+    let reused = Command::new("losetup")
+        .args([&device.0, &new])
+        .output()
+        .unwrap();
     if !reused.status.success() {
         eprintln!(
             "SKIPPED: {} was taken by another user between detach and attach",

@@ -76,7 +76,7 @@ impl BufferPool {
 
 pub(crate) fn error_code(error: &TargetError) -> ErrorCode {
     match error {
-        TargetError::Io(_) => ErrorCode::Io,
+        TargetError::Io(_) | TargetError::Device(_) | TargetError::Checksum { .. } => ErrorCode::Io,
         TargetError::NoSpace { .. } => ErrorCode::NoSpace,
         TargetError::Invalid(_) => ErrorCode::Invalid,
         TargetError::NotSupported(_) => ErrorCode::NotSupported,
@@ -427,6 +427,14 @@ mod tests {
     fn target_errors_map_to_nbd_errors() {
         let cases = [
             (TargetError::Io("disk".into()), ErrorCode::Io),
+            (TargetError::Device("disk".into()), ErrorCode::Io),
+            (
+                TargetError::Checksum {
+                    volume_block: 1,
+                    pool_block: 2,
+                },
+                ErrorCode::Io,
+            ),
             (
                 TargetError::NoSpace { pool: "p".into() },
                 ErrorCode::NoSpace,

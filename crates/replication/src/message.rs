@@ -127,6 +127,8 @@ pub enum ReplicaError {
     Checksum(String),
     /// The device failed: this replica is out until it is replaced.
     Io(String),
+    /// The replica's pool is full: the pool's name. An answer, not a fault
+    /// of the replica, when every replica gives it.
     NoSpace(String),
     /// The replica refused (not found, stale generation, invalid).
     Refused(String),
@@ -137,7 +139,7 @@ impl std::fmt::Display for ReplicaError {
         match self {
             ReplicaError::Checksum(message) => write!(f, "checksum mismatch: {message}"),
             ReplicaError::Io(message) => write!(f, "I/O error: {message}"),
-            ReplicaError::NoSpace(message) => write!(f, "no space: {message}"),
+            ReplicaError::NoSpace(pool) => write!(f, "no space left in pool '{pool}'"),
             ReplicaError::Refused(message) => write!(f, "refused: {message}"),
         }
     }
@@ -637,7 +639,7 @@ mod tests {
         });
         round_trip_from(FromReplica::Ack {
             seq: 4,
-            result: Err(ReplicaError::NoSpace("pool 'a'".into())),
+            result: Err(ReplicaError::NoSpace("a".into())),
         });
         round_trip_from(FromReplica::ReadReply {
             id: 4,

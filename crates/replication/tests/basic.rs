@@ -146,7 +146,7 @@ impl World {
                                 to,
                                 FromReplica::Ack {
                                     seq: *seq,
-                                    result: Err(ReplicaError::NoSpace("pool 'p' is full".into())),
+                                    result: Err(ReplicaError::NoSpace("p".into())),
                                 },
                             ));
                             return;

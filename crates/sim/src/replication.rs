@@ -2859,7 +2859,7 @@ impl Sim {
                     let result = if io {
                         Err(ReplicaError::Io("simulated device error".into()))
                     } else if full {
-                        Err(ReplicaError::NoSpace("simulated full pool".into()))
+                        Err(ReplicaError::NoSpace("simulated".into()))
                     } else if lie {
                         Ok(())
                     } else {

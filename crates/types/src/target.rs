@@ -16,9 +16,19 @@ use crate::BlockBuf;
 /// Why a target refused or failed a request. Each maps to one NBD error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TargetError {
-    /// The device failed, or data failed its checksum (NBD `EIO`).
+    /// The request failed for a reason above the device: the volume has
+    /// no quorum, no up-to-date replica answers (NBD `EIO`).
     #[error("I/O error: {0}")]
     Io(String),
+    /// The device under a pool failed a read or write, or the pool was
+    /// taken offline after such a failure (NBD `EIO`). Another copy of the
+    /// data may still be good; this pool's is not.
+    #[error("device error: {0}")]
+    Device(String),
+    /// Data read back does not match its checksum (NBD `EIO`): this copy of
+    /// the block is damaged, and a replica may hold a good one to repair it.
+    #[error("checksum mismatch at volume block {volume_block} (pool block {pool_block})")]
+    Checksum { volume_block: u64, pool_block: u64 },
     /// The pool has no free chunk left for this write (NBD `ENOSPC`).
     #[error("no space left in pool '{pool}'")]
     NoSpace { pool: String },

@@ -49,9 +49,14 @@ pub struct ReplicaService {
 /// What the store's error means for replication.
 pub fn replica_error(error: TargetError) -> ReplicaError {
     match error {
-        TargetError::Io(message) if message.contains("checksum") => ReplicaError::Checksum(message),
-        TargetError::Io(message) => ReplicaError::Io(message),
-        TargetError::NoSpace { pool } => ReplicaError::NoSpace(format!("pool '{pool}' is full")),
+        TargetError::Checksum {
+            volume_block,
+            pool_block,
+        } => ReplicaError::Checksum(format!(
+            "volume block {volume_block} (pool block {pool_block})"
+        )),
+        TargetError::Device(message) | TargetError::Io(message) => ReplicaError::Io(message),
+        TargetError::NoSpace { pool } => ReplicaError::NoSpace(pool),
         other => ReplicaError::Refused(other.to_string()),
     }
 }
@@ -513,4 +518,38 @@ fn read(volume: &Volume, offset: u64, length: u64) -> Result<ReadData, ReplicaEr
         .read(offset, &mut buffer)
         .map(|()| ReadData::Data(buffer))
         .map_err(replica_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The store's errors reach the primary by kind, never by what their
+    /// text happens to say.
+    #[test]
+    fn store_errors_become_replica_errors_by_kind() {
+        let checksum = TargetError::Checksum {
+            volume_block: 7,
+            pool_block: 70,
+        };
+        let checksum = replica_error(checksum);
+        assert_eq!(
+            checksum,
+            ReplicaError::Checksum("volume block 7 (pool block 70)".into())
+        );
+        assert_eq!(
+            checksum.to_string(),
+            "checksum mismatch: volume block 7 (pool block 70)"
+        );
+        // A device error whose text mentions checksums is still a device error.
+        assert_eq!(
+            replica_error(TargetError::Device("reading checksums: EIO".into())),
+            ReplicaError::Io("reading checksums: EIO".into())
+        );
+        let full = replica_error(TargetError::NoSpace {
+            pool: "fast".into(),
+        });
+        assert_eq!(full, ReplicaError::NoSpace("fast".into()));
+        assert_eq!(full.to_string(), "no space left in pool 'fast'");
+    }
 }

@@ -167,7 +167,7 @@ impl Shared {
 fn client_error(error: ClientError) -> TargetError {
     match error {
         ClientError::Io(message) => TargetError::Io(message),
-        ClientError::NoSpace(message) => TargetError::NoSpace { pool: message },
+        ClientError::NoSpace(pool) => TargetError::NoSpace { pool },
         ClientError::ShuttingDown => TargetError::ShuttingDown,
     }
 }
@@ -194,7 +194,7 @@ impl BlockTarget for ReplicatedVolume {
                     Ok(()) => return Ok(()),
                     // A bad local block: the engine reads a peer and
                     // repairs it.
-                    Err(TargetError::Io(message)) if message.contains("checksum") => {}
+                    Err(TargetError::Checksum { .. }) => {}
                     Err(error) => return Err(error),
                 }
             }
@@ -270,7 +270,7 @@ impl BlockTarget for ReplicatedVolume {
                             let mut buffer = vec![0u8; length as usize];
                             match local.read(offset, &mut buffer) {
                                 Ok(()) => done(Ok(TargetReply::Data(buffer))),
-                                Err(TargetError::Io(message)) if message.contains("checksum") => {
+                                Err(TargetError::Checksum { .. }) => {
                                     let engine = shared.engine();
                                     shared.submit_to(
                                         engine,

@@ -124,7 +124,10 @@ impl Primary {
                 snapshot: *snapshot,
                 result: match result {
                     Ok(()) => Ok(acked.clone()),
-                    Err(ClientError::Io(message) | ClientError::NoSpace(message)) => Err(message),
+                    Err(ClientError::Io(message)) => Err(message),
+                    Err(ClientError::NoSpace(pool)) => {
+                        Err(format!("no space left in pool '{pool}'"))
+                    }
                     Err(ClientError::ShuttingDown) => {
                         Err("the volume's engine stopped".to_string())
                     }

@@ -73,6 +73,7 @@ pub enum Completion {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClientError {
     Io(String),
+    /// Every replica's pool is full: the name of one of them.
     NoSpace(String),
     ShuttingDown,
 }

@@ -307,7 +307,7 @@ impl State {
 
     pub fn check_usable(&self) -> Result<(), TargetError> {
         if let Some(reason) = &self.failed {
-            return Err(TargetError::Io(format!("pool is offline: {reason}")));
+            return Err(TargetError::Device(format!("pool is offline: {reason}")));
         }
         if self.shutting_down {
             return Err(TargetError::ShuttingDown);

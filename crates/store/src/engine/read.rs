@@ -148,10 +148,10 @@ impl Engine {
             );
         }
         let first = &mismatches[0];
-        TargetError::Io(format!(
-            "checksum mismatch at volume block {} (pool block {})",
-            first.block, first.physical_block
-        ))
+        TargetError::Checksum {
+            volume_block: first.block,
+            pool_block: first.physical_block,
+        }
     }
 
     fn plan(
@@ -239,7 +239,7 @@ impl Engine {
                             .checksums
                             .get(&self.file, &self.layout, physical_block)
                             .map_err(|error| {
-                                TargetError::Io(format!("reading checksums: {error}"))
+                                TargetError::Device(format!("reading checksums: {error}"))
                             })?;
                         push_disk(plan, physical_block, crc);
                     }
@@ -350,7 +350,7 @@ impl Engine {
                         self.file
                             .read_exact_at(target, device_offset)
                             .map_err(|error| {
-                                TargetError::Io(format!("reading pool data: {error}"))
+                                TargetError::Device(format!("reading pool data: {error}"))
                             })?;
                     }
                     for (index, data) in target.chunks_exact(block_size).enumerate() {

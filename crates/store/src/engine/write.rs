@@ -310,7 +310,7 @@ impl Engine {
         if state.next_sequence - 1 > state.written_sequence || state.shutting_down {
             self.journal_wake.notify_one();
         }
-        written.map_err(TargetError::Io)
+        written.map_err(TargetError::Device)
     }
 
     pub fn check_range(
@@ -530,7 +530,7 @@ impl Engine {
         let mut state = self.lock();
         loop {
             if let Some(reason) = &state.failed {
-                return Err(TargetError::Io(format!("pool is offline: {reason}")));
+                return Err(TargetError::Device(format!("pool is offline: {reason}")));
             }
             if state.durable_sequence >= sequence {
                 return Ok(());
