@@ -93,6 +93,11 @@ fn metrics_and_io_rates_of_a_cluster_under_io() {
     promtool_check(&during);
     let io: Value = serde_json::from_str(&api_get(&nodes[1], "/api/v1/io").1).unwrap();
     let screen = nodes[2].cli(&["status"]);
+    // The screen a person reads: the same rates as text, like `ceph -s`.
+    let text = exec(
+        std::process::Command::new(trireme_bin()).args(["--api", &nodes[2].api_url(), "status"]),
+        Duration::from_secs(30),
+    );
     let out = fio.join().unwrap();
     assert!(out.success(), "{}", out.describe("fio"));
 
@@ -109,6 +114,28 @@ fn metrics_and_io_rates_of_a_cluster_under_io() {
         status["io"]["write_iops"].as_f64().unwrap() > 0.0,
         "{status:#}"
     );
+
+    assert!(text.success(), "{}", text.describe("trireme status"));
+    let io_section = text
+        .stdout
+        .split("\nio:\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no io: section in\n{}", text.stdout));
+    let client = io_section.lines().next().unwrap_or_default();
+    assert!(
+        client.starts_with("  client:")
+            && client.contains("op/s wr")
+            && !client.contains(" 0 op/s wr"),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        io_section.contains("  busiest:    busy on n1: "),
+        "{}",
+        text.stdout
+    );
+    // Only volumes with I/O are listed.
+    assert!(!io_section.contains("idle"), "{}", text.stdout);
 
     // What fio did is counted at the edge and on the replica links.
     let after = scrape(&nodes[0]);
