@@ -84,7 +84,11 @@
 //!
 //! openraft draws each node's election timeout from the thread's RNG; the
 //! simulator gives every node a one-value range, chosen from the seed, so
-//! the draw has a single outcome. openraft's only unbiased `select!` (whose
+//! the draw has a single outcome. Each node starts at a seeded moment, so
+//! that no two running nodes check their election timers (on openraft's
+//! tick) at the same instant: paused time would otherwise keep such nodes
+//! in lockstep for the whole run, which no real clock does (see
+//! `Sim::stagger_ticks`). openraft's only unbiased `select!` (whose
 //! branch order tokio randomises) waits out the back-off after an
 //! `Unreachable` error, so the network reports failures as `Network` errors
 //! instead. Maps are `BTreeMap`s throughout.
@@ -966,6 +970,9 @@ struct Live {
     raft: Raft,
     reader: StateReader,
     watcher: JoinHandle<()>,
+    /// Where in openraft's tick period this incarnation's ticks fall, in
+    /// milliseconds since the run began, modulo the period.
+    tick_phase_ms: u64,
 }
 
 /// The client's knowledge, from what it proposed and what was acknowledged.
@@ -996,6 +1003,9 @@ struct Sim {
     oracle: Arc<Mutex<Oracle>>,
     live: BTreeMap<u64, Live>,
     incarnations: BTreeMap<u64, u64>,
+    /// Draws each incarnation's tick phase. Apart from `rng`, so that the
+    /// faults and commands a seed draws do not shift with the phases.
+    phase_rng: StdRng,
     started: Instant,
     client: Client,
     events: VecDeque<String>,
@@ -1037,6 +1047,7 @@ impl Sim {
             oracle: Arc::new(Mutex::new(Oracle::default())),
             live: BTreeMap::new(),
             incarnations: BTreeMap::new(),
+            phase_rng: StdRng::seed_from_u64(seed ^ 0x7469_636b_7068_6173),
             started: Instant::now(),
             client: Client::default(),
             events: VecDeque::new(),
@@ -1153,6 +1164,7 @@ impl Sim {
         let incarnation = self.incarnations.get(&id).map_or(1, |seen| seen + 1);
         self.incarnations.insert(id, incarnation);
         let config = self.raft_config()?;
+        let tick_phase_ms = self.stagger_ticks(&config).await;
         let network = Network {
             router: self.router.clone(),
             me: id,
@@ -1172,9 +1184,43 @@ impl Sim {
                 raft,
                 reader,
                 watcher,
+                tick_phase_ms,
             },
         );
         Ok(())
+    }
+
+    /// Waits a seeded moment before a node's Raft starts, so that its ticks
+    /// fall at a phase no other running node ticks at, and returns that phase.
+    ///
+    /// openraft checks its election timer only on a tick (every 1.5
+    /// heartbeat intervals, from when `Raft::new` ran). On real machines no
+    /// two processes tick at the same instant, and scheduling jitter moves
+    /// each one a little every period. In paused time, nodes started at the
+    /// same instant tick at exactly the same instants for the whole run:
+    /// two of them whose timeouts round to the same number of ticks then
+    /// stand for election at once, every time, which a real cluster never
+    /// does. Seed 2000744 was such a run: two nodes with stale logs (3 and
+    /// 4) stood together in every round and, each voting for the other,
+    /// raised the term a step ahead of node 1, whose up-to-date log they
+    /// needed, so node 1 always asked at a term already taken; node 5, also
+    /// up to date, never stood, its timer reset by node 1's requests. No
+    /// majority formed for the 120 s the probe allows.
+    async fn stagger_ticks(&mut self, config: &openraft::Config) -> u64 {
+        let period = (config.heartbeat_interval * 3 / 2).max(1);
+        let taken: Vec<u64> = self.live.values().map(|node| node.tick_phase_ms).collect();
+        let now = self.elapsed_ms();
+        let mut wait = self.phase_rng.gen_range(0..period);
+        for _ in 0..period {
+            if !taken.contains(&((now + wait) % period)) {
+                break;
+            }
+            wait = (wait + 1) % period;
+        }
+        if wait > 0 {
+            sleep(Duration::from_millis(wait)).await;
+        }
+        self.elapsed_ms() % period
     }
 
     async fn crash(&mut self, id: u64) -> Result<(), String> {
@@ -1217,6 +1263,36 @@ impl Sim {
         self.live
             .get(&id)
             .map(|node| node.raft.metrics().borrow().clone())
+    }
+
+    /// Each node's Raft view, for a liveness failure: who it thinks leads,
+    /// its vote, and how far its log, commit and snapshot reach.
+    fn raft_views(&self) -> String {
+        let mut text = String::new();
+        for id in self.ids() {
+            let Some(m) = self.metrics(id) else {
+                text.push_str(&format!("\n  node {id}: down"));
+                continue;
+            };
+            let index = |log_id: Option<openraft::LogId<u64>>| {
+                log_id.map_or("-".to_string(), |id| {
+                    format!("{}-{}", id.leader_id, id.index)
+                })
+            };
+            text.push_str(&format!(
+                "\n  node {id}: {:?}, term {}, vote {}, leader {:?}, last log {}, applied {}, snapshot {}, purged {}, voters {:?}",
+                m.state,
+                m.current_term,
+                m.vote,
+                m.current_leader,
+                m.last_log_index.map_or("-".to_string(), |i| i.to_string()),
+                index(m.last_applied),
+                index(m.snapshot),
+                index(m.purged),
+                m.membership_config.membership().voter_ids().collect::<Vec<_>>(),
+            ));
+        }
+        text
     }
 
     /// The running node that leads in the highest term, among `among`.
@@ -1361,7 +1437,8 @@ impl Sim {
         loop {
             if Instant::now() > deadline {
                 return Err(self.failure(format!(
-                    "{command:?} was not acknowledged within {LIVENESS_LIMIT:?} on a healed cluster"
+                    "{command:?} was not acknowledged within {LIVENESS_LIMIT:?} on a healed cluster; Raft views:{}",
+                    self.raft_views()
                 )));
             }
             let ids = self.ids();
@@ -1846,7 +1923,8 @@ impl Sim {
         loop {
             if Instant::now() > deadline {
                 return Err(self.failure(format!(
-                    "the majority {majority:?} did not commit within {LIVENESS_LIMIT:?} after leader {leader} was cut off"
+                    "the majority {majority:?} did not commit within {LIVENESS_LIMIT:?} after leader {leader} was cut off; Raft views:{}",
+                    self.raft_views()
                 )));
             }
             if let Some(new_leader) = self.leader_among(&majority) {
@@ -1891,7 +1969,8 @@ impl Sim {
             let Some(leader) = self.leader_among(&ids) else {
                 if Instant::now() > deadline {
                     return Err(self.failure(format!(
-                        "no leader within {LIVENESS_LIMIT:?} to restore placements"
+                        "no leader within {LIVENESS_LIMIT:?} to restore placements; Raft views:{}",
+                        self.raft_views()
                     )));
                 }
                 sleep(Duration::from_millis(100)).await;

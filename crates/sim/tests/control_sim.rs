@@ -13,8 +13,11 @@ use trireme_sim::{run_control_sim, SimConfig, SimReport};
 /// Seeds per run by default: about twenty seconds on two cores in a debug
 /// build. `sim-control` runs thousands in release.
 const DEFAULT_SEEDS: u64 = 400;
-/// Seeds that once failed, run with every default batch: the minority probe following a forward to the majority's leader.
-const FOUND_SEEDS: &[u64] = &[113929, 119203];
+/// Seeds that once failed, run with every default batch: 113929 and 119203,
+/// the minority probe following a forward to the majority's leader;
+/// 2000744, nodes ticking in lockstep so that no majority ever formed after
+/// a probe (see `Sim::stagger_ticks`).
+const FOUND_SEEDS: &[u64] = &[113929, 119203, 2000744];
 
 fn env_u64(name: &str) -> Option<u64> {
     let text = std::env::var(name).ok()?;
