@@ -148,20 +148,33 @@ pub async fn heartbeat_loop(cluster: Arc<Cluster>, mut stop: watch::Receiver<boo
     }
 }
 
+/// The leader's rounds come every 500 ms; one this long after the previous
+/// one means this process did not run meanwhile (stopped, or starved).
+const ROUND_GAP: Duration = Duration::from_millis(1_500);
+const _: () = assert!(ROUND_GAP.as_millis() < OFFLINE_AFTER.as_millis());
+
 pub async fn leader_loop(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>) {
     let mut ticker = tokio::time::interval(Duration::from_millis(500));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut was_leader = false;
+    let mut last_round = Instant::now();
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
             _ = stop.wait_for(|stop| *stop) => return,
         }
+        let resumed = last_round.elapsed() >= ROUND_GAP;
+        last_round = Instant::now();
         if !cluster.is_leader() {
             was_leader = false;
             continue;
         }
-        if !was_leader {
+        // After a gap, the heartbeats of the time this node did not run
+        // wait unread in its sockets, and a newer leader may have been
+        // elected meanwhile: judge nobody by that time (a stale decision
+        // would be forwarded to the new leader and committed), but watch
+        // every node again from now, as a new leader does.
+        if !was_leader || resumed {
             let nodes: Vec<NodeId> = cluster.state.read().nodes.keys().copied().collect();
             cluster.liveness.start_term(nodes.into_iter());
             was_leader = true;
