@@ -42,6 +42,11 @@
 //!   control-plane partitions cut one node (mostly the primary's) off from
 //!   the control plane only, so that a primary the control plane replaced
 //!   still reaches the replicas, which must fence it.
+//! - **Stopped processes**: the primary's node stops (SIGSTOP) for 6 to
+//!   15 s. Nothing there runs meanwhile: what arrives for its engine, its
+//!   replica, its disk and persists waits. When it continues, its engine
+//!   ticks first (the worst order: its timer fired while it was stopped),
+//!   then everything that waited is handled in the order it arrived.
 //! - **Control plane**: a linearizable arbiter holding the volume's
 //!   [`View`]. `MarkOutdated`/`MarkInSync` apply iff their generation is the
 //!   arbiter's (else `Stale`); `MarkOutdated` never empties the in-sync set
@@ -110,6 +115,10 @@
 //!    are pools full on every replica at once
 //!    ([`ReplicationSimConfig::only_full_pools`]), no replica is ever
 //!    outdated and no write fails with EIO (the client gets ENOSPC).
+//! 7. **Time the primary did not run does not count against its
+//!    replicas**: in a run whose only fault is the primary's process
+//!    stopped for a while ([`ReplicationSimConfig::only_pauses`]), no
+//!    replica is ever outdated and no client request fails.
 //!
 //! Besides, the current engine must never stop except when detached, the
 //! engine's own assertions must hold (a panic fails the seed), and the
@@ -195,6 +204,10 @@ pub struct ReplicationSimConfig {
     /// Per step: one replica's pool is full for a while (it fails every
     /// data write; the others apply them).
     pub pool_full: f64,
+    /// Per step: the primary's node stops for 6 to 15 s (SIGSTOP), then
+    /// goes on. Not in the seeds' mix: its check needs a run without other
+    /// faults.
+    pub pause: f64,
     /// A forced move of the primary elsewhere while the old one runs.
     pub failover: f64,
     /// A clean detach, then an attach elsewhere.
@@ -249,6 +262,7 @@ impl Default for ReplicationSimConfig {
             bit_flip: 0.003,
             pools_full: 0.0,
             pool_full: 0.0,
+            pause: 0.0,
             failover: 0.0008,
             detach: 0.0006,
             verify: 0.0008,
@@ -358,6 +372,7 @@ impl ReplicationSimConfig {
             self.bit_flip,
             self.pools_full,
             self.pool_full,
+            self.pause,
             self.failover,
             self.detach,
             self.verify,
@@ -387,11 +402,37 @@ impl ReplicationSimConfig {
             self.io_error,
             self.bit_flip,
             self.pool_full,
+            self.pause,
             self.failover,
             self.detach,
             self.drop_writes,
         ];
         self.pools_full > 0.0
+            && others.iter().all(|p| *p == 0.0)
+            && self.initial_in_sync == self.diskful
+            && !self.ignore_fencing
+    }
+
+    /// The only fault is the primary's process stopped for a while: its
+    /// replicas answered everything, so nobody may be outdated and no
+    /// client request may fail.
+    pub fn only_pauses(&self) -> bool {
+        let others = [
+            self.crash,
+            self.partition,
+            self.control_partition,
+            self.link_drop,
+            self.slow_disk,
+            self.stall,
+            self.io_error,
+            self.bit_flip,
+            self.pools_full,
+            self.pool_full,
+            self.failover,
+            self.detach,
+            self.drop_writes,
+        ];
+        self.pause > 0.0
             && others.iter().all(|p| *p == 0.0)
             && self.initial_in_sync == self.diskful
             && !self.ignore_fencing
@@ -444,6 +485,8 @@ pub struct ReplicationSimReport {
     pub pool_full: u64,
     /// Writes that failed with ENOSPC.
     pub writes_no_space: u64,
+    /// Times the primary's node stopped for a while.
+    pub pauses: u64,
     pub stalls: u64,
     pub fenced_engines: u64,
     pub outdated: u64,
@@ -973,6 +1016,10 @@ enum Ev {
     Restart {
         node: NodeId,
     },
+    /// A stopped node goes on.
+    Resume {
+        node: NodeId,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1035,6 +1082,8 @@ struct Sim {
     pools_full_until: Time,
     /// Tags of writes issued while every pool was full: they fit nowhere.
     no_room: BTreeSet<u64>,
+    /// Stopped nodes, with the events that arrived for them meanwhile.
+    paused: BTreeMap<NodeId, Vec<Ev>>,
     events: VecDeque<String>,
     report: ReplicationSimReport,
     violation: Option<String>,
@@ -1135,6 +1184,7 @@ impl Sim {
             failover_at: None,
             pools_full_until: 0,
             no_room: BTreeSet::new(),
+            paused: BTreeMap::new(),
             events: VecDeque::new(),
             report,
             violation: None,
@@ -1242,6 +1292,10 @@ impl Sim {
         while let Some(((time, _), event)) = self.queue.pop_first() {
             self.now = time;
             events += 1;
+            if let Some(node) = self.stopped_target(&event) {
+                self.paused.get_mut(&node).expect("stopped").push(event);
+                continue;
+            }
             self.handle(event);
             self.drain_all();
             self.check_step();
@@ -1276,7 +1330,9 @@ impl Sim {
                 for id in ids {
                     let now = self.now;
                     if let Some(engine) = self.engines.get_mut(&id) {
-                        engine.primary.tick(now);
+                        if !self.paused.contains_key(&engine.node) {
+                            engine.primary.tick(now);
+                        }
                     }
                 }
                 let next = self.now + TICK_MS;
@@ -1330,7 +1386,66 @@ impl Sim {
                 engine.primary.view(view, now);
             }
             Ev::Restart { node } => self.restart(node),
+            Ev::Resume { node } => self.resume(node),
         }
+    }
+
+    /// The stopped node an event is for, if it is for one: it waits until
+    /// the node goes on.
+    fn stopped_target(&self, event: &Ev) -> Option<NodeId> {
+        if self.paused.is_empty() {
+            return None;
+        }
+        let engine_node = |id: &EngineId| self.engines.get(id).map(|e| e.node);
+        let nodes = match event {
+            Ev::Deliver { link, .. } => [self.links.get(link).map(|l| l.member), None],
+            Ev::Reply { link, .. } => [self.links.get(link).map(|l| l.primary), None],
+            Ev::Close { link } => self
+                .links
+                .get(link)
+                .map_or([None, None], |l| [Some(l.member), Some(l.primary)]),
+            Ev::Connect { engine, .. } | Ev::Answer { engine, .. } | Ev::View { engine } => {
+                [engine_node(engine), None]
+            }
+            Ev::Disk { node, .. } | Ev::Persist { node, .. } => [Some(*node), None],
+            Ev::Step | Ev::Tick | Ev::Apply { .. } | Ev::Restart { .. } | Ev::Resume { .. } => {
+                [None, None]
+            }
+        };
+        nodes
+            .into_iter()
+            .flatten()
+            .find(|node| self.paused.contains_key(node))
+    }
+
+    /// A stopped node goes on: its engines tick first (their timer fired
+    /// while the process was stopped, and nothing says it runs before the
+    /// sockets are read), then what waited is handled in arrival order.
+    fn resume(&mut self, node: NodeId) {
+        let Some(waited) = self.paused.remove(&node) else {
+            return;
+        };
+        self.log(format!(
+            "node {node} goes on; {} events waited",
+            waited.len()
+        ));
+        let now = self.now;
+        for engine in self.engines.values_mut() {
+            if engine.node == node {
+                engine.primary.tick(now);
+            }
+        }
+        for event in waited {
+            self.drain_all();
+            self.check_step();
+            self.handle(event);
+        }
+    }
+
+    fn is_paused(&self, engine: EngineId) -> bool {
+        self.engines
+            .get(&engine)
+            .is_some_and(|e| self.paused.contains_key(&e.node))
     }
 
     /// Carries out what the engines asked for, until none asks more. Only
@@ -1575,6 +1690,15 @@ impl Sim {
                 .unwrap()
                 .full_until = until;
         }
+        if self.paused.is_empty() && self.chance(self.cfg.pause) {
+            if let Some(node) = self.current_node() {
+                let until = self.now + self.rng.gen_range(6_000..=15_000);
+                self.report.pauses += 1;
+                self.log(format!("fault: node {node} stops (SIGSTOP) until {until}"));
+                self.paused.insert(node, Vec::new());
+                self.at(until, Ev::Resume { node });
+            }
+        }
         if self.chance(self.cfg.bit_flip) {
             let node = *diskful.choose(&mut self.rng).expect("diskful");
             let block = self.rng.gen_range(0..self.blocks);
@@ -1605,7 +1729,8 @@ impl Sim {
             }
         }
         if self.chance(self.cfg.snapshot) {
-            if let Some(id) = self.arbiter.current {
+            // An operator's request to a stopped node waits: none is sent.
+            if let Some(id) = self.arbiter.current.filter(|&id| !self.is_paused(id)) {
                 let snapshot = SnapshotId(self.next_snapshot);
                 self.next_snapshot += 1;
                 let now = self.now;
@@ -1616,7 +1741,7 @@ impl Sim {
             }
         }
         if self.chance(self.cfg.verify) {
-            if let Some(id) = self.arbiter.current {
+            if let Some(id) = self.arbiter.current.filter(|&id| !self.is_paused(id)) {
                 let now = self.now;
                 let engine = self.engines.get_mut(&id).expect("current");
                 if engine.primary.start_verify(now).is_ok() {
@@ -1626,7 +1751,7 @@ impl Sim {
             }
         }
         if self.chance(self.cfg.detach) {
-            if let Some(id) = self.arbiter.current {
+            if let Some(id) = self.arbiter.current.filter(|&id| !self.is_paused(id)) {
                 let now = self.now;
                 let engine = self.engines.get_mut(&id).expect("current");
                 if engine.detach_started.is_none() {
@@ -1832,6 +1957,10 @@ impl Sim {
     fn workload(&mut self) {
         let ids: Vec<EngineId> = self.engines.keys().copied().collect();
         for id in ids {
+            if self.is_paused(id) {
+                // Its client waits: what it sends stays in the socket.
+                continue;
+            }
             let current = self.arbiter.current == Some(id);
             let outstanding = self
                 .ops
@@ -1879,6 +2008,9 @@ impl Sim {
     fn sweep_pump(&mut self) {
         let ids: Vec<EngineId> = self.engines.keys().copied().collect();
         for id in ids {
+            if self.is_paused(id) {
+                continue;
+            }
             while let Some(next) = self.engines[&id].sweep {
                 if next >= self.blocks {
                     let pending = self.ops.values().any(|op| {
@@ -2087,6 +2219,11 @@ impl Sim {
 
     fn begin_settle(&mut self) {
         self.log("settle: heal everything".into());
+        // A stopped node goes on first, still under the run's checks.
+        let paused: Vec<NodeId> = self.paused.keys().copied().collect();
+        for node in paused {
+            self.resume(node);
+        }
         self.phase = Phase::Converge;
         self.settle_started = self.now;
         self.heal();
@@ -3318,6 +3455,11 @@ impl Sim {
                     "{proposal:?} committed, yet the only faults were pools full on every replica: ENOSPC is an answer, not a replica fault"
                 ));
             }
+            if self.phase == Phase::Run && self.cfg.only_pauses() {
+                self.violate(format!(
+                    "{proposal:?} committed, yet the only fault was the primary's process stopped: time it did not run counts against no replica"
+                ));
+            }
         }
         if changed && matches!(proposal, Proposal::MarkInSync { .. }) {
             self.report.joined += 1;
@@ -3415,6 +3557,13 @@ impl Sim {
             self.violate(format!("completion of unknown or finished request op{id}"));
             return;
         };
+        if let Err(error) = &result {
+            if self.phase == Phase::Run && self.cfg.only_pauses() {
+                self.violate(format!(
+                    "op{id} failed with {error:?}, yet the only fault was the primary's process stopped: its replicas answered everything"
+                ));
+            }
+        }
         match &op.kind {
             OpKind::Write { payload, .. } => {
                 if let Some(Payload::Data(data)) = payload {

@@ -330,3 +330,41 @@ fn pools_full_everywhere_outdate_nobody() {
         "too few writes met a full pool: {no_space}"
     );
 }
+
+#[test]
+fn a_primary_stopped_for_seconds_outdates_nobody() {
+    // Issue 19, item 5: the primary's process stops (SIGSTOP) for 6 to
+    // 15 s with requests in flight, then goes on, its engine's timer first.
+    // Its replicas answered everything meanwhile: the run fails if a
+    // replica is outdated or a client request fails.
+    let runs = 12;
+    let mut pauses = 0;
+    for seed in 3_000..3_000 + runs {
+        let base = ReplicationSimConfig::for_seed(seed);
+        let config = ReplicationSimConfig {
+            crash: 0.0,
+            partition: 0.0,
+            control_partition: 0.0,
+            link_drop: 0.0,
+            slow_disk: 0.0,
+            stall: 0.0,
+            io_error: 0.0,
+            bit_flip: 0.0,
+            failover: 0.0,
+            detach: 0.0,
+            pool_full: 0.0,
+            pools_full: 0.0,
+            pause: 0.004,
+            initial_in_sync: base.diskful,
+            steps: 2_000,
+            ..base
+        };
+        assert!(config.only_pauses());
+        let report = run_replication_sim(seed, config).unwrap_or_else(|error| {
+            panic!("{error}\nReplay it with the config of this test and seed {seed}")
+        });
+        pauses += report.pauses;
+    }
+    eprintln!("{runs} runs: the primary stopped {pauses} times");
+    assert!(pauses >= runs, "too few pauses: {pauses}");
+}
