@@ -80,7 +80,7 @@ pub async fn attach(config: &NodeConfig, volume: &str) -> Result<String, DeviceE
     }
     let paths = paths(config, volume);
     if !is_fuse_mounted(&paths.fuse) {
-        start_nbdfuse(config, volume, &paths).await?;
+        start_nbdfuse_when_served(config, volume, &paths).await?;
     }
     let file = paths.file.display().to_string();
     let device = run("losetup", &["-f", "--show", &file]).await?;
@@ -89,6 +89,29 @@ pub async fn attach(config: &NodeConfig, volume: &str) -> Result<String, DeviceE
 
 fn is_fuse_mounted(path: &Path) -> bool {
     system::mount_at(path).is_some_and(|mount| mount.fs_type.starts_with("fuse"))
+}
+
+/// The node daemon starts serving a volume a moment after the attach that
+/// ControllerPublishVolume made returns (its agent applies the change), so
+/// an export not there yet is asked for again, up to the same wait.
+async fn start_nbdfuse_when_served(
+    config: &NodeConfig,
+    volume: &str,
+    paths: &Paths,
+) -> Result<(), DeviceError> {
+    let deadline = tokio::time::Instant::now() + NBDFUSE_READY_WAIT;
+    loop {
+        match start_nbdfuse(config, volume, paths).await {
+            Err(DeviceError::NotServed { log, .. })
+                if log.contains("has no export named")
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tracing::debug!(volume, "the export is not served yet; asking again");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            done => return done,
+        }
+    }
 }
 
 async fn start_nbdfuse(
