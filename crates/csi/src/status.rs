@@ -7,6 +7,14 @@ use crate::api::ApiError;
 /// `error` as the gRPC status the CSI spec asks for; `doing` says what the
 /// driver was doing ("creating volume 'x'").
 pub fn from_api(doing: &str, error: ApiError) -> Status {
+    if let ApiError::Refused {
+        status: 401 | 403,
+        message,
+        ..
+    } = &error
+    {
+        return Status::unauthenticated(format!("{doing}: {}", unauthenticated(message)));
+    }
     let code = match &error {
         ApiError::Unreachable { .. } => Code::Unavailable,
         ApiError::Unexpected { .. } => Code::Internal,
@@ -22,6 +30,22 @@ pub fn from_api(doing: &str, error: ApiError) -> Status {
         },
     };
     Status::new(code, format!("{doing}: {error}"))
+}
+
+/// The node's words name the CLI's --token; a driver's token comes from
+/// elsewhere, so say where.
+fn unauthenticated(message: &str) -> String {
+    const WHERE: &str = "the driver takes it from a request's secrets (key `token`, the Secret a \
+         StorageClass names in csi.storage.k8s.io/*-secret-name) or else from --token-file \
+         (TRIREME_TOKEN_FILE, the Secret the deployment mounts); its content is admin.token in \
+         the data directory of any trireme node (/var/lib/trireme/admin.token)";
+    if message.contains("needs a token") {
+        format!("the trireme API wants the admin token and this driver sent none: {WHERE}")
+    } else {
+        format!(
+            "the trireme API refused the admin token this driver sent (wrong or stale): {WHERE}"
+        )
+    }
 }
 
 pub fn missing(field: &str) -> Status {

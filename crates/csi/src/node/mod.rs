@@ -172,8 +172,10 @@ impl Node for Driver {
         if request.volume_path.is_empty() {
             return Err(missing("volume_path"));
         }
-        self.existing_volume(&request.volume_id).await?;
-        stage::expand(config, &request).await.map(Response::new)
+        let volume = self.existing_volume(&request.volume_id).await?;
+        stage::expand(config, &request, volume.size_bytes)
+            .await
+            .map(Response::new)
     }
 
     async fn node_get_capabilities(

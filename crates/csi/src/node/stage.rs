@@ -62,6 +62,7 @@ pub async fn stage(
                 request.volume_id
             )));
         }
+        Some(_) if fs_type == "ext4" => grow_ext4_to_device(&device).await.map_err(internal)?,
         Some(_) => {}
     }
     std::fs::create_dir_all(staging).map_err(internal)?;
@@ -74,6 +75,32 @@ pub async fn stage(
     args.extend([device.as_str(), staging_text.as_str()]);
     run("mount", &args).await.map_err(internal)?;
     Ok(NodeStageVolumeResponse {})
+}
+
+/// An ext4 smaller than its device (the volume grew since it was last
+/// staged) grows before it is mounted. Offline, resize2fs needs only the
+/// device; online it needs CAP_SYS_RESOURCE, which a container (or the
+/// machine the tests run on) may not have. resize2fs wants a checked file
+/// system, so e2fsck -f runs first (it also replays the journal of a file
+/// system whose node died with it mounted).
+async fn grow_ext4_to_device(device: &str) -> Result<(), SystemError> {
+    let header = run("dumpe2fs", &["-h", device]).await?;
+    let field = |name: &str| {
+        header
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+    };
+    let (Some(blocks), Some(block_bytes)) = (field("Block count:"), field("Block size:")) else {
+        return Ok(());
+    };
+    let device_bytes = system::device_bytes(device).await?;
+    if (blocks + 1) * block_bytes > device_bytes {
+        return Ok(());
+    }
+    // 0: clean, 1: errors corrected; anything else needs a person.
+    system::run_accepting("e2fsck", &["-f", "-p", device], &[0, 1]).await?;
+    run("resize2fs", &[device]).await.map(drop)
 }
 
 async fn make_file_system(fs_type: &str, device: &str) -> Result<(), SystemError> {
@@ -211,9 +238,12 @@ pub async fn unpublish(
 /// the volume's size as it was when staged: NBD tells a client the size
 /// once, at its handshake, so a volume grown while staged shows its new
 /// size here after the next stage (the driver offers offline expansion).
+/// A device still smaller than the volume is refused, not "grown" to its
+/// old size: the caller would take the old size for the new one.
 pub async fn expand(
     config: &NodeConfig,
     request: &NodeExpandVolumeRequest,
+    volume_bytes: u64,
 ) -> Result<NodeExpandVolumeResponse, Status> {
     let path = Path::new(&request.volume_path);
     if std::fs::symlink_metadata(path).is_err() {
@@ -232,6 +262,16 @@ pub async fn expand(
             ))
         })?;
     let _ = run("losetup", &["-c", &device]).await;
+    let device_bytes = system::device_bytes(&device).await.map_err(internal)?;
+    if device_bytes < volume_bytes {
+        return Err(Status::failed_precondition(format!(
+            "volume '{}' is {volume_bytes} bytes but its device on this node still shows the \
+             {device_bytes} bytes it had when staged: an NBD client learns the size when it \
+             connects, so the driver offers offline expansion only; unstage the volume and \
+             stage it again (in Kubernetes: restart the pod), then expand",
+            request.volume_id
+        )));
+    }
     use std::os::unix::fs::FileTypeExt;
     let block = request
         .volume_capability
@@ -248,8 +288,7 @@ pub async fn expand(
             .map_err(internal)?;
         }
     }
-    let capacity_bytes = system::device_bytes(&device).await.map_err(internal)?;
     Ok(NodeExpandVolumeResponse {
-        capacity_bytes: capacity_bytes as i64,
+        capacity_bytes: device_bytes as i64,
     })
 }

@@ -37,7 +37,7 @@ fn package_of(program: &str) -> &'static str {
     match program {
         "nbdfuse" => "nbdfuse or libnbd-bin",
         "fusermount3" => "fuse3",
-        "mkfs.ext4" | "resize2fs" | "blkid" => "e2fsprogs / util-linux",
+        "mkfs.ext4" | "resize2fs" | "e2fsck" | "dumpe2fs" | "blkid" => "e2fsprogs / util-linux",
         "mkfs.xfs" | "xfs_growfs" => "xfsprogs",
         _ => "util-linux",
     }
@@ -45,6 +45,16 @@ fn package_of(program: &str) -> &'static str {
 
 /// Runs `program args`, returning its standard output.
 pub async fn run(program: &str, args: &[&str]) -> Result<String, SystemError> {
+    run_accepting(program, args, &[0]).await
+}
+
+/// Runs `program args`, taking any exit status in `accepted` as success
+/// (e2fsck answers 1 for "errors corrected").
+pub async fn run_accepting(
+    program: &str,
+    args: &[&str],
+    accepted: &[i32],
+) -> Result<String, SystemError> {
     let command = format!("{program} {}", args.join(" "));
     let child = Command::new(program)
         .args(args)
@@ -62,7 +72,11 @@ pub async fn run(program: &str, args: &[&str]) -> Result<String, SystemError> {
         }
         Ok(Ok(output)) => output,
     };
-    if !output.status.success() {
+    if !output
+        .status
+        .code()
+        .is_some_and(|code| accepted.contains(&code))
+    {
         return Err(SystemError::Failed {
             command,
             status: output.status.to_string(),
