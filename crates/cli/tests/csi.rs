@@ -4,9 +4,13 @@
 //!   volumes with snapshots, clones and expansion: every spec passes, and
 //!   the only skipped ones are those whose capability the driver does not
 //!   advertise (listed in `ALLOWED_SKIPS`, with why);
-//! - a node dies with a volume published: ControllerPublish on another
-//!   node takes it over at once and the data is there; a second publish
-//!   of a single-writer volume while its node lives is refused;
+//! - on a cluster whose API wants the admin token: secrets missing or
+//!   wrong and bad parameters are refused and leave no volume behind; a
+//!   MULTI_NODE_MULTI_WRITER block volume gets a second primary on a live
+//!   node; a node dies with a volume published: ControllerPublish on
+//!   another node takes it over at once and the data is there; a second
+//!   publish of a single-writer volume while its node lives is refused;
+//!   a volume grown while mounted is grown on the node at its next stage;
 //! - restarting the node plugin while fio writes to a published volume
 //!   interrupts nothing (nbdfuse and the NBD server live elsewhere).
 //!
@@ -156,6 +160,18 @@ impl Plugin {
         node: Option<&TestNode>,
         apis: &[&TestNode],
     ) -> Plugin {
+        Plugin::start_with_token(dir, tag, mode, node, apis, None)
+    }
+
+    /// A plugin given `--token-file` (the Secret a deployment mounts).
+    fn start_with_token(
+        dir: &Path,
+        tag: &str,
+        mode: &str,
+        node: Option<&TestNode>,
+        apis: &[&TestNode],
+        token_file: Option<&Path>,
+    ) -> Plugin {
         let socket = dir.join(format!("{tag}.sock"));
         let api: Vec<String> = apis.iter().map(|n| n.api_url()).collect();
         let mut args = vec![
@@ -164,6 +180,9 @@ impl Plugin {
             format!("--api={}", api.join(",")),
             format!("--state-dir={}", dir.join(format!("{tag}-state")).display()),
         ];
+        if let Some(file) = token_file {
+            args.push(format!("--token-file={}", file.display()));
+        }
         if let Some(node) = node {
             args.push(format!(
                 "--node-name={}",
@@ -414,6 +433,24 @@ fn block_capability(mode: Mode) -> VolumeCapability {
 }
 
 async fn create(plugin: &Plugin, name: &str, capability: &VolumeCapability) -> String {
+    try_create(plugin, name, capability, &[], &[])
+        .await
+        .unwrap_or_else(|status| panic!("CreateVolume {name}: {status}"))
+}
+
+/// CreateVolume of 64 MiB with StorageClass `parameters` and `secrets`.
+async fn try_create(
+    plugin: &Plugin,
+    name: &str,
+    capability: &VolumeCapability,
+    parameters: &[(&str, &str)],
+    secrets: &[(&str, &str)],
+) -> Result<String, tonic::Status> {
+    let pairs = |list: &[(&str, &str)]| {
+        list.iter()
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect()
+    };
     let created = plugin
         .controller()
         .await
@@ -424,11 +461,12 @@ async fn create(plugin: &Plugin, name: &str, capability: &VolumeCapability) -> S
                 limit_bytes: 0,
             }),
             volume_capabilities: vec![capability.clone()],
+            parameters: pairs(parameters),
+            secrets: pairs(secrets),
             ..Default::default()
         })
-        .await
-        .expect("CreateVolume");
-    created.into_inner().volume.unwrap().volume_id
+        .await?;
+    Ok(created.into_inner().volume.unwrap().volume_id)
 }
 
 async fn publish(
@@ -482,20 +520,289 @@ async fn stage_and_publish(
     target
 }
 
+/// Three nodes whose API wants the admin token even from loopback
+/// (`--trust-loopback=false`), as it does from the CSI pods of a
+/// Kubernetes cluster. On 127.0.0.2: the tests' CLI calls then send the
+/// token, as a remote client does.
+fn three_locked_nodes() -> Vec<TestNode> {
+    let spec = |name: &str, join: Option<(String, String)>| NodeSpec {
+        name: Some(name.to_string()),
+        join,
+        ip: Some("127.0.0.2".into()),
+        args: vec!["--trust-loopback=false".into()],
+        ..NodeSpec::default()
+    };
+    let first = TestNode::start_with(spec("n1", None));
+    let token = join_token(&first);
+    let mut nodes = vec![first];
+    for name in ["n2", "n3"] {
+        let join = Some((nodes[0].api_address(), token.clone()));
+        nodes.push(TestNode::start_with(spec(name, join)));
+    }
+    let settled = wait_until(Duration::from_secs(60), || {
+        let status = nodes[0].cli_json(&["status"]);
+        status["nodes"]["online"] == 3 && status["leader"].is_string()
+    });
+    assert!(settled, "cluster did not settle\n{}", nodes[0].log_tail());
+    nodes
+}
+
+fn assert_refused(result: Result<String, tonic::Status>, code: tonic::Code, words: &str) {
+    let status = result.expect_err("a CreateVolume that must be refused was answered");
+    assert_eq!(status.code(), code, "{status}");
+    assert!(status.message().contains(words), "{status}");
+}
+
+fn primaries(node: &TestNode, volume: &str) -> Vec<String> {
+    let shown = show(node, volume);
+    let mut names: Vec<String> = shown["primaries"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no primaries in {shown:#}"))
+        .iter()
+        .map(|name| name.as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+/// NodeUnpublish, NodeUnstage and ControllerUnpublish of what
+/// `stage_and_publish` set up as `tag` on `node`.
+async fn take_down(
+    controller: &Plugin,
+    plugin: &Plugin,
+    volume: &str,
+    node: &str,
+    dir: &Path,
+    tag: &str,
+) {
+    let mut client = plugin.node().await;
+    client
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: volume.into(),
+            target_path: dir.join(format!("{tag}-target")).display().to_string(),
+        })
+        .await
+        .expect("NodeUnpublishVolume");
+    client
+        .node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: volume.into(),
+            staging_target_path: dir.join(format!("{tag}-staging")).display().to_string(),
+        })
+        .await
+        .expect("NodeUnstageVolume");
+    controller
+        .controller()
+        .await
+        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            volume_id: volume.into(),
+            node_id: node.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("ControllerUnpublishVolume");
+}
+
+async fn node_expand(
+    plugin: &Plugin,
+    volume: &str,
+    dir: &Path,
+    tag: &str,
+    capability: &VolumeCapability,
+) -> Result<i64, tonic::Status> {
+    let expanded = plugin
+        .node()
+        .await
+        .node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: volume.into(),
+            volume_path: dir.join(format!("{tag}-target")).display().to_string(),
+            staging_target_path: dir.join(format!("{tag}-staging")).display().to_string(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 128 * MIB,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(capability.clone()),
+            ..Default::default()
+        })
+        .await?;
+    Ok(expanded.into_inner().capacity_bytes)
+}
+
+/// The size of the file system mounted at `path`, as df shows it.
+fn df_bytes(path: &Path) -> u64 {
+    let out = run(&mut cmd(
+        "df",
+        &["-B1", "--output=size", &path.display().to_string()],
+    ));
+    out.lines().nth(1).unwrap().trim().parse().unwrap()
+}
+
+/// One cluster whose API wants the admin token, a controller and two node
+/// plugins given it as a file (the Secret a deployment mounts), and one
+/// controller given none:
+/// - secrets missing or wrong, unknown parameters, more replicas than
+///   nodes, sizes over the pools: refused with the code and words that say
+///   what to do, and no volume left behind;
+/// - a MULTI_NODE_MULTI_WRITER block volume gets a second primary on a
+///   live node (a KubeVirt live migration), and what one writes the other
+///   reads;
+/// - a single-writer volume's second publish on a live node is refused;
+///   when its node dies, a publish elsewhere takes over at once with the
+///   data;
+/// - expansion: ControllerExpandVolume while the file system is mounted;
+///   NodeExpandVolume there is refused (the NBD client keeps the size it
+///   connected with: expansion is offline); staged again (on the node that
+///   took over), NodeExpandVolume grows the mounted ext4 and df shows it,
+///   the data intact.
 #[test]
 fn a_dead_nodes_volume_is_taken_over_at_once_and_a_live_writer_is_never_doubled() {
     if prerequisites().is_none() {
         return;
     }
-    let mut nodes = three_nodes();
+    let mut nodes = three_locked_nodes();
     let dir = TempDir::new("csi-takeover");
     let _cleanup = Cleanup(dir.path().to_path_buf());
     let apis: Vec<&TestNode> = nodes.iter().collect();
-    let controller = Plugin::start(dir.path(), "controller", "controller", None, &apis);
-    let plugin2 = Plugin::start(dir.path(), "n2", "node", Some(&nodes[1]), &apis);
-    let plugin3 = Plugin::start(dir.path(), "n3", "node", Some(&nodes[2]), &apis);
+    let token = std::fs::read_to_string(nodes[0].data_dir().join("admin.token")).unwrap();
+    let token = token.trim().to_string();
+    let token_file = dir.path().join("admin-token");
+    std::fs::write(&token_file, &token).unwrap();
+    let with_token = |tag: &str, mode: &str, node: Option<&TestNode>| {
+        Plugin::start_with_token(dir.path(), tag, mode, node, &apis, Some(&token_file))
+    };
+    let controller = with_token("controller", "controller", None);
+    let plugin2 = with_token("n2", "node", Some(&nodes[1]));
+    let plugin3 = with_token("n3", "node", Some(&nodes[2]));
+    let bare = Plugin::start(dir.path(), "bare", "controller", None, &apis);
     let capability = mount_capability(Mode::SingleNodeWriter);
     let rt = runtime();
+
+    // Secrets missing or wrong: UNAUTHENTICATED, saying where the token
+    // comes from. A token in the request's secrets wins over the file.
+    use tonic::Code;
+    let create_with =
+        |plugin: &Plugin, name: &str, parameters: &[(&str, &str)], secrets: &[(&str, &str)]| {
+            rt.block_on(try_create(plugin, name, &capability, parameters, secrets))
+        };
+    assert_refused(
+        create_with(&bare, "no-token", &[], &[]),
+        Code::Unauthenticated,
+        "--token-file",
+    );
+    assert_refused(
+        create_with(&controller, "wrong-token", &[], &[("token", "trmadm-0000")]),
+        Code::Unauthenticated,
+        "refused the admin token",
+    );
+    let made = create_with(&bare, "secret-token", &[], &[("token", &token)])
+        .expect("CreateVolume with the token in its secrets, on a driver without a token file");
+    rt.block_on(async {
+        bare.controller()
+            .await
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: made.clone(),
+                secrets: [("token".to_string(), token.clone())].into(),
+            })
+            .await
+            .expect("DeleteVolume with the token in its secrets")
+    });
+    // Bad input: refused by name, before or by the cluster.
+    assert_refused(
+        create_with(&controller, "typo", &[("replica", "2")], &[]),
+        Code::InvalidArgument,
+        "'replica'",
+    );
+    assert_refused(
+        create_with(&controller, "five", &[("replicas", "5")], &[]),
+        Code::FailedPrecondition,
+        "needs 5 online nodes",
+    );
+    let huge = rt.block_on(async {
+        controller
+            .controller()
+            .await
+            .create_volume(CreateVolumeRequest {
+                name: "huge".into(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: 1 << 49,
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![capability.clone()],
+                ..Default::default()
+            })
+            .await
+    });
+    let huge = huge.expect_err("a volume of 512 TiB");
+    assert_eq!(huge.code(), Code::ResourceExhausted, "{huge}");
+    // None of them left a volume behind, nor did the one deleted.
+    let volumes = nodes[0].cli_json(&["volume", "list"]);
+    assert_eq!(
+        volumes.as_array().map(Vec::len),
+        Some(0),
+        "left behind: {volumes:#}"
+    );
+
+    // A block volume for a live migration: a second primary on a live
+    // node, and the destination reads what the source wrote.
+    let shared = block_capability(Mode::MultiNodeMultiWriter);
+    let migrating = rt.block_on(create(&controller, "migrating", &shared));
+    rt.block_on(publish(&controller, &migrating, "n2", &shared))
+        .expect("publish on n2");
+    let source = rt.block_on(stage_and_publish(
+        &plugin2,
+        &migrating,
+        &shared,
+        dir.path(),
+        "vm-n2",
+    ));
+    rt.block_on(publish(&controller, &migrating, "n3", &shared))
+        .unwrap_or_else(|status| panic!("a second primary on live n3: {status}"));
+    assert_eq!(primaries(&nodes[0], &migrating), ["n2", "n3"]);
+    let destination = rt.block_on(stage_and_publish(
+        &plugin3,
+        &migrating,
+        &shared,
+        dir.path(),
+        "vm-n3",
+    ));
+    let pattern = dir.path().join("pattern");
+    random_file(&pattern, 1 << 20, 5);
+    let dd = |args: &[String]| run(&mut cmd("dd", args));
+    dd(&[
+        format!("if={}", pattern.display()),
+        format!("of={}", source.display()),
+        "bs=1M".into(),
+        "count=1".into(),
+        "oflag=direct".into(),
+        "conv=fsync".into(),
+    ]);
+    let read = dir.path().join("read");
+    dd(&[
+        format!("if={}", destination.display()),
+        format!("of={}", read.display()),
+        "bs=1M".into(),
+        "count=1".into(),
+        "iflag=direct".into(),
+    ]);
+    assert_eq!(sha256(&read), sha256(&pattern), "n3 reads what n2 wrote");
+    // The migration ends: the source lets go, one primary stays.
+    rt.block_on(take_down(
+        &controller,
+        &plugin2,
+        &migrating,
+        "n2",
+        dir.path(),
+        "vm-n2",
+    ));
+    assert_eq!(primaries(&nodes[0], &migrating), ["n3"]);
+    rt.block_on(take_down(
+        &controller,
+        &plugin3,
+        &migrating,
+        "n3",
+        dir.path(),
+        "vm-n3",
+    ));
+
     let volume = rt.block_on(create(&controller, "moving", &capability));
     rt.block_on(publish(&controller, &volume, "n2", &capability))
         .expect("publish on n2");
@@ -516,8 +823,41 @@ fn a_dead_nodes_volume_is_taken_over_at_once_and_a_live_writer_is_never_doubled(
     let refused = rt
         .block_on(publish(&controller, &volume, "n3", &capability))
         .expect_err("a second publish of a ReadWriteOnce volume while n2 lives");
-    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
     assert!(refused.message().contains("n2"), "{refused}");
+
+    // The volume grows while mounted on n2; the device there keeps the
+    // size it was staged with, and NodeExpandVolume says so.
+    let grown = rt.block_on(async {
+        controller
+            .controller()
+            .await
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: volume.clone(),
+                capacity_range: Some(CapacityRange {
+                    required_bytes: 128 * MIB,
+                    limit_bytes: 0,
+                }),
+                volume_capability: Some(capability.clone()),
+                ..Default::default()
+            })
+            .await
+            .expect("ControllerExpandVolume")
+            .into_inner()
+    });
+    assert_eq!(grown.capacity_bytes, 128 * MIB);
+    assert!(grown.node_expansion_required);
+    let stale = rt
+        .block_on(node_expand(
+            &plugin2,
+            &volume,
+            dir.path(),
+            "n2",
+            &capability,
+        ))
+        .expect_err("NodeExpandVolume on a device staged at the old size");
+    assert_eq!(stale.code(), Code::FailedPrecondition, "{stale}");
+    assert!(stale.message().contains("stage it again"), "{stale}");
 
     // n2 dies: the next publish on n3 takes over at once, in one call.
     nodes[1].kill9();
@@ -550,6 +890,37 @@ fn a_dead_nodes_volume_is_taken_over_at_once_and_a_live_writer_is_never_doubled(
         "the data written on n2 is on n3"
     );
     println!("takeover publish took {took:?}");
+
+    // Staged anew, at the new size: the ext4 grew before it was mounted
+    // (resize2fs offline: an online resize needs CAP_SYS_RESOURCE, which
+    // this machine does not give), and NodeExpandVolume answers the size.
+    // df of an ext4 of 64 MiB shows about 59 MiB, of 128 MiB about 114.
+    let before = df_bytes(&moved);
+    assert!(
+        before > (100 * MIB) as u64,
+        "df shows {before} bytes once staged at 128 MiB"
+    );
+    let capacity = rt
+        .block_on(node_expand(
+            &plugin3,
+            &volume,
+            dir.path(),
+            "n3",
+            &capability,
+        ))
+        .unwrap_or_else(|status| {
+            panic!(
+                "NodeExpandVolume on n3: {status}\n{}",
+                tail_of(&plugin3.log_text())
+            )
+        });
+    assert_eq!(capacity, 128 * MIB);
+    assert_eq!(df_bytes(&moved), before, "df after NodeExpandVolume");
+    assert_eq!(
+        sha256(&moved.join("data")),
+        written,
+        "the data survived the growth"
+    );
     drop(plugin2);
 }
 
