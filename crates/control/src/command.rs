@@ -301,6 +301,19 @@ pub enum Command {
         group: Option<GroupName>,
         now_ms: u64,
     },
+    /// `command`, asked for by `actor` at `now_ms`: applied as it is, and
+    /// what it did is added to the event log (`crate::events`). Every node
+    /// proposes its writes this way; plain commands log nothing.
+    Attributed {
+        actor: crate::events::Actor,
+        now_ms: u64,
+        command: Box<Command>,
+    },
+    /// Something only a node sees (a verify's result): logged as it is,
+    /// when attributed; changes nothing else.
+    RecordEvent {
+        event: crate::events::ReportedEvent,
+    },
 }
 
 /// The ways out of an attach refused because the volume's primary is on a
@@ -632,6 +645,12 @@ impl ClusterState {
                 group,
                 now_ms,
             } => self.clone_volume(name, source, snapshot, group, now_ms),
+            Command::Attributed {
+                actor,
+                now_ms,
+                command,
+            } => return self.apply_attributed(actor, now_ms, *command),
+            Command::RecordEvent { event } => self.check_reported_event(&event),
         }?;
         self.normalize_snapshots();
         if let Err(broken) = self.check_invariants() {
@@ -640,6 +659,36 @@ impl ClusterState {
             panic!("cluster state invariant broken: {broken}");
         }
         Ok(reply)
+    }
+
+    fn apply_attributed(
+        &mut self,
+        actor: crate::events::Actor,
+        now_ms: u64,
+        command: Command,
+    ) -> Result<Reply, CommandError> {
+        if matches!(command, Command::Attributed { .. }) {
+            return Err(CommandError::Invalid(
+                "an attributed command cannot wrap another".into(),
+            ));
+        }
+        let before = crate::events::Before::capture(self, &command);
+        let described = command.clone();
+        let reply = self.apply(command)?;
+        crate::events::record(self, before, &described, &reply, actor, now_ms);
+        Ok(reply)
+    }
+
+    fn check_reported_event(
+        &self,
+        event: &crate::events::ReportedEvent,
+    ) -> Result<Reply, CommandError> {
+        if let Some(node) = event.node {
+            if !self.nodes.contains_key(&node) {
+                return Err(CommandError::UnknownNode { node });
+            }
+        }
+        Ok(Reply::Done)
     }
 
     fn bootstrap(
@@ -1767,6 +1816,7 @@ impl ClusterState {
 
     /// What must hold after every command; checked by `apply`.
     pub fn check_invariants(&self) -> Result<(), String> {
+        self.events.check()?;
         let mut names = std::collections::BTreeSet::new();
         for (id, node) in &self.nodes {
             if *id != node.id {

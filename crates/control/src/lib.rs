@@ -7,6 +7,8 @@
 //!   that applies them (tested without any I/O).
 //! - [`conformance`]: whether placed replicas still satisfy their group
 //!   after labels or the group changed.
+//! - [`events`]: the cluster's event log, a bounded ring in the replicated
+//!   state, written when attributed commands are applied.
 //! - [`health`]: a volume's state in one word (ready, degraded, syncing,
 //!   no quorum, ...) and its distance from losing quorum.
 //! - [`placer`]: the autoplacer, a pure function from candidates and a
@@ -19,6 +21,7 @@
 //!   schedules, and the fencing of detached volumes.
 pub mod command;
 pub mod conformance;
+pub mod events;
 pub mod health;
 pub mod model;
 pub mod placer;
@@ -27,6 +30,7 @@ pub mod repair;
 pub mod snapshot;
 
 pub use command::{Command, CommandError, FencedPrimary, NodeRegistration, PoolReport, Reply};
+pub use events::{Actor, Event, EventKind, EventLog, EventPage, EVENT_LOG_CAPACITY};
 pub use health::{QuorumCount, VolumeHealth};
 pub use model::*;
 pub use snapshot::{

@@ -40,6 +40,9 @@ pub struct ClusterState {
     pub join_secret: String,
     /// Join nonces accepted within [`JOIN_WINDOW_MS`], with their times.
     pub join_nonces: BTreeMap<String, u64>,
+    /// The last events (`crate::events`); empty in states from before it.
+    #[serde(default)]
+    pub events: crate::events::EventLog,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
