@@ -236,6 +236,24 @@ pub enum Command {
     /// from them.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// The cluster's event log: nodes online, offline and evicted, quorum
+    /// lost and regained, attaches, detaches and takeovers, resyncs,
+    /// verifies and their repairs, failed pools and replicas, snapshots,
+    /// settings; each with who asked (the admin token, a local client, or
+    /// the node itself).
+    ///
+    /// The log is replicated with the cluster's state: every node shows
+    /// the same one, and it survives restarts. It keeps the last 1000
+    /// events. Without --follow it prints the newest (--limit) and exits;
+    /// with --follow it then prints each new event as it comes (polling
+    /// every second) until interrupted (Ctrl-C). With --output json it
+    /// prints the API's answer, or with --follow one JSON event per line.
+    ///
+    /// Examples:
+    ///   trireme events
+    ///   trireme events --volume vm1 --limit 50
+    ///   trireme events --follow --output json | jq .kind
+    Events(EventsArgs),
     /// Write shell completions or man pages generated from these
     /// definitions (the .deb build uses it; hidden from help).
     #[command(subcommand, hide = true)]
@@ -1651,4 +1669,22 @@ mod tests {
         assert_eq!(size, Some(100 << 30));
         assert!(!preallocate);
     }
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Keep printing new events as they come, until interrupted.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Only events of this volume (also one deleted, while its events are
+    /// in the log).
+    #[arg(long, value_name = "VOLUME")]
+    pub volume: Option<VolumeName>,
+    /// How many of the newest events to print first (1 to 1000).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub limit: u16,
+    /// Print the events after this sequence number instead of the newest
+    /// (e.g. the last `seq` seen before), up to --limit of them.
+    #[arg(long, value_name = "SEQ")]
+    pub after: Option<u64>,
 }

@@ -478,7 +478,11 @@ pub enum CommandError {
 impl ClusterState {
     /// Applies one command. A refused command leaves the state unchanged.
     pub fn apply(&mut self, command: Command) -> Result<Reply, CommandError> {
-        if self.cluster_id.is_empty() && !matches!(command, Command::Bootstrap { .. }) {
+        let bootstrap = match &command {
+            Command::Attributed { command, .. } => matches!(**command, Command::Bootstrap { .. }),
+            command => matches!(command, Command::Bootstrap { .. }),
+        };
+        if self.cluster_id.is_empty() && !bootstrap {
             return Err(CommandError::NotBootstrapped);
         }
         let reply = match command {

@@ -418,3 +418,23 @@ fn kind_names_are_the_serde_names() {
         );
     }
 }
+
+#[test]
+fn an_attributed_bootstrap_creates_the_cluster_and_logs_it() {
+    let mut state = ClusterState::default();
+    ok(
+        &mut state,
+        by(
+            Actor::Node(NodeId(1)),
+            T0,
+            Command::Bootstrap {
+                cluster_id: "c-test".into(),
+                join_secret: "secret".into(),
+                node: registration("n1"),
+                now_ms: T0,
+            },
+        ),
+    );
+    assert_eq!(kinds(&state), vec![EventKind::NodeJoined]);
+    assert_eq!(state.events.iter().next().unwrap().actor, "node n1");
+}

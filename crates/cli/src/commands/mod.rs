@@ -1,6 +1,7 @@
 //! One module per noun; each turns a parsed command into API calls and output.
 
 mod cluster;
+mod events;
 mod generate;
 mod group;
 mod node;
@@ -24,6 +25,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Group(command) => group::run(command, cli.output, &client()),
         Command::Cluster(command) => cluster::run(command, cli.output, &client()),
         Command::Snapshot(command) => snapshot::run(command, cli.output, &client()),
+        Command::Events(arguments) => events::run(arguments, cli.output, &client()),
         Command::Generate(command) => generate::run(command),
     }
 }

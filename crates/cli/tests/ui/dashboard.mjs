@@ -197,6 +197,12 @@ try {
   const snapshots = await restOk('/volumes/ui-made/snapshots');
   assert.deepEqual(snapshots.map((snapshot) => snapshot.name), ['ui-snap']);
   await page.locator('tr[data-snapshot="ui-snap"]').waitFor();
+  step('the volume\'s events show the grow and the snapshot, with who asked');
+  const logged = await restOk('/events?volume=ui-made');
+  assert.ok(logged.events.some((event) => event.kind === 'volume_grown'), JSON.stringify(logged));
+  const snapshotEvent = page.locator('[data-panel=events] tr[data-kind=snapshot_created]');
+  await snapshotEvent.waitFor();
+  assert.match(await snapshotEvent.innerText(), /ui-made.*local client on n\d.*ui-snap/s);
 
   step('roll back asks for a confirmation first');
   await page.click('tr[data-snapshot="ui-snap"] [data-action=rollback-to]');

@@ -4,8 +4,8 @@
 //! - [`model`]: request and response bodies (shared with the CLI).
 //! - [`error`]: [`ApiError`] and the status code of every failure.
 //! - `validate`: checks of names, sizes and bodies, before any store call.
-//! - `system`, `pools`, `volumes`, `snapshots`, `verify`, `cluster`: the
-//!   handlers.
+//! - `system`, `pools`, `volumes`, `snapshots`, `verify`, `cluster`,
+//!   `events`: the handlers.
 //! - `ui`: the web dashboard at `/ui`, its assets embedded in the binary.
 //!
 //! Handlers validate the request, then run the blocking node operation on
@@ -13,6 +13,7 @@
 
 mod cluster;
 pub mod error;
+mod events;
 pub mod model;
 mod monitoring;
 mod nodes;
@@ -98,6 +99,7 @@ pub struct ApiState {
         snapshots::delete_schedule,
         cluster::status,
         monitoring::io,
+        events::list_events,
         cluster::list_nodes,
         cluster::remove_node,
         nodes::show_node,
@@ -117,6 +119,7 @@ pub fn router(state: ApiState) -> Router {
     let cluster = state.cluster.clone();
     let trust_loopback = state.cluster.config.trust_loopback;
     let token = Arc::new(state.cluster.admin_token());
+    let node_id = state.cluster.node_id();
     let protected = Router::new()
         .route("/api/v1/node", get(system::node_info))
         .route(
@@ -205,8 +208,9 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/cluster/join-token", get(cluster::join_token))
         .route("/metrics", get(monitoring::metrics))
         .route("/api/v1/io", get(monitoring::io))
+        .route("/api/v1/events", get(events::list_events))
         .route_layer(axum::middleware::from_fn(move |request, next| {
-            authenticate(trust_loopback, token.clone(), request, next)
+            authenticate(trust_loopback, token.clone(), node_id, request, next)
         }));
     Router::new()
         .route("/api/v1/health", get(system::health))
@@ -221,11 +225,14 @@ pub fn router(state: ApiState) -> Router {
         .merge(crate::cluster::internal::router(cluster))
 }
 
-/// Lets a request through if it comes from loopback (when trusted) or
-/// carries the admin token.
+/// Lets a request through if it carries the admin token or comes from
+/// loopback (when trusted), and serves it as that requester: the cluster
+/// writes it makes are attributed to the token or the local client
+/// ([`crate::cluster::REQUESTER`]).
 async fn authenticate(
     trust_loopback: bool,
     token: Arc<String>,
+    node_id: trireme_types::NodeId,
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
@@ -235,18 +242,24 @@ async fn authenticate(
         .map(|ConnectInfo(peer)| peer.ip().is_loopback())
         // In-process callers (tests through the router) have no peer.
         .unwrap_or(true);
-    if trust_loopback && from_loopback {
-        return Ok(next.run(request).await);
-    }
     let presented = request
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.strip_prefix("Bearer "));
+    let valid_token = presented
+        .is_some_and(|presented| constant_time_equal(presented.as_bytes(), token.as_bytes()));
+    let requester = if valid_token {
+        trireme_control::Actor::AdminToken { via: node_id }
+    } else {
+        trireme_control::Actor::Loopback { via: node_id }
+    };
+    if valid_token || (trust_loopback && from_loopback) {
+        return Ok(crate::cluster::REQUESTER
+            .scope(requester, next.run(request))
+            .await);
+    }
     match presented {
-        Some(presented) if constant_time_equal(presented.as_bytes(), token.as_bytes()) => {
-            Ok(next.run(request).await)
-        }
         Some(_) => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthenticated",

@@ -693,3 +693,37 @@ pub struct VolumeIoRate {
     pub read_bytes_per_sec: f64,
     pub write_bytes_per_sec: f64,
 }
+
+/// One entry of the cluster's event log.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventResponse {
+    /// 1, 2, 3, ... in the order the cluster applied them; never reused.
+    pub seq: u64,
+    /// When, in UTC, as RFC 3339 (`2026-11-27T04:48:49.123Z`).
+    pub time: String,
+    /// The same, in milliseconds since the Unix epoch.
+    pub time_ms: u64,
+    /// What happened, e.g. `attached`, `node_offline`, `quorum_lost`
+    /// (docs/api.md lists them).
+    pub kind: String,
+    /// The node it happened on or to, if one.
+    pub node: Option<String>,
+    /// The volume it is about, if one.
+    pub volume: Option<String>,
+    /// Who asked: `admin token via n1`, `local client on n1`, or
+    /// `node n2` for what a node did or saw itself.
+    pub actor: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct EventsResponse {
+    /// Oldest first.
+    pub events: Vec<EventResponse>,
+    /// The newest sequence number in the log (0: no event yet): poll
+    /// again with `after` set to the last `seq` you have.
+    pub last_seq: u64,
+    /// Events after `after` that the log dropped (it keeps the last
+    /// 1000) before they were read.
+    pub missed: u64,
+}

@@ -9,8 +9,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use trireme_control::events::ReportedEvent;
+use trireme_control::{Command, EventKind};
 use trireme_replication::{VerifyReport, VerifyState};
-use trireme_types::VolumeName;
+use trireme_types::{NodeId, VolumeName};
 
 use super::model::{ErrorBody, RepairedResponse, VerifyResponse};
 use super::{validate, ApiError, ApiState};
@@ -162,12 +167,14 @@ async fn here(
         ));
     };
     let report = if start {
-        Some(
-            engine
-                .start_verify()
-                .await
-                .map_err(|reason| ApiError::new(StatusCode::CONFLICT, "verify_refused", reason))?,
-        )
+        let report = engine
+            .start_verify()
+            .await
+            .map_err(|reason| ApiError::new(StatusCode::CONFLICT, "verify_refused", reason))?;
+        if report.state == VerifyState::Running {
+            log_when_finished(state, name.clone(), engine.clone());
+        }
+        Some(report)
     } else {
         engine
             .verify_report()
@@ -221,4 +228,96 @@ fn response(state: &ApiState, name: &VolumeName, report: &VerifyReport) -> Verif
             0
         },
     }
+}
+
+/// How often a finished verify is looked for, to log its result.
+const VERIFY_WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Verifies being watched, by (node, volume): one watcher each, however
+/// often a start is asked for while one runs.
+fn watched() -> &'static Mutex<BTreeSet<(NodeId, VolumeName)>> {
+    static WATCHED: OnceLock<Mutex<BTreeSet<(NodeId, VolumeName)>>> = OnceLock::new();
+    WATCHED.get_or_init(Default::default)
+}
+
+/// Logs the verify's result (and its repairs) in the cluster's event log
+/// once the engine reports it finished. The watcher ends with the engine.
+fn log_when_finished(
+    state: &ApiState,
+    name: VolumeName,
+    engine: Arc<crate::replicated::EngineHandle>,
+) {
+    let node = state.cluster.node_id();
+    let key = (node, name.clone());
+    if !watched()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key.clone())
+    {
+        return;
+    }
+    let cluster = state.cluster.clone();
+    tokio::spawn(async move {
+        let report = loop {
+            tokio::time::sleep(VERIFY_WATCH_INTERVAL).await;
+            match engine.verify_report().await {
+                Ok(Some(report)) if report.state != VerifyState::Running => break Some(report),
+                Ok(_) => continue,
+                Err(_) => break None,
+            }
+        };
+        watched()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+        let Some(report) = report else { return };
+        let events = verify_events(&cluster.state.read(), node, &name, &report);
+        for event in events {
+            if let Err(error) = cluster.write(Command::RecordEvent { event }).await {
+                tracing::warn!(volume = %name, "could not log the verify's result: {error}");
+            }
+        }
+    });
+}
+
+fn verify_events(
+    cluster_state: &trireme_control::ClusterState,
+    node: NodeId,
+    name: &VolumeName,
+    report: &VerifyReport,
+) -> Vec<ReportedEvent> {
+    let outcome = match &report.state {
+        VerifyState::Aborted(reason) => format!("aborted: {reason}"),
+        _ => "done".to_string(),
+    };
+    let mut events = vec![ReportedEvent {
+        kind: EventKind::VerifyFinished,
+        node: Some(node),
+        volume: Some(name.clone()),
+        message: format!(
+            "verify of volume {name} {outcome}: {} of {} bytes compared, {} blocks differed, {} without a majority, {} unrecoverable",
+            report.checked_bytes,
+            report.total_bytes,
+            report.differing_blocks,
+            report.no_majority_blocks,
+            report.unrecoverable_blocks
+        ),
+    }];
+    if !report.repaired.is_empty() {
+        let repaired: Vec<String> = report
+            .repaired
+            .iter()
+            .map(|(node, blocks)| format!("{blocks} on {}", cluster_state.node_name(*node)))
+            .collect();
+        events.push(ReportedEvent {
+            kind: EventKind::Repaired,
+            node: Some(node),
+            volume: Some(name.clone()),
+            message: format!(
+                "verify of volume {name} rewrote blocks that differed from the majority: {}",
+                repaired.join(", ")
+            ),
+        });
+    }
+    events
 }

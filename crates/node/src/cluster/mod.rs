@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use trireme_control::raft::{ClientWriteError, Raft, RaftError, StateReader};
-use trireme_control::{Command, CommandError, Reply};
+use trireme_control::{Actor, Command, CommandError, Reply};
 use trireme_types::{NodeId, NodeName};
 
 use identity::Identity;
@@ -71,6 +71,13 @@ pub enum ClusterError {
     Join(String),
     #[error("control plane: {0}")]
     Internal(String),
+}
+
+tokio::task_local! {
+    /// Who asked for the writes made while serving one REST request: set
+    /// by the API's authentication around the handler, so that the event
+    /// log names the token or the local client instead of the node.
+    pub static REQUESTER: Actor;
 }
 
 /// This node's handle on the cluster.
@@ -136,7 +143,21 @@ impl Cluster {
 
     /// Commits a command through the leader, wherever it is, and returns
     /// what applying it gave. Waits up to [`WRITE_TIMEOUT`] for a leader.
+    ///
+    /// The command goes attributed (`Command::Attributed`): to the REST
+    /// client being served ([`REQUESTER`]), or else to this node, stamped
+    /// with this node's clock. That is what the event log records.
     pub async fn write(&self, command: Command) -> Result<Reply, ClusterError> {
+        let command = match command {
+            Command::Attributed { .. } => command,
+            command => Command::Attributed {
+                actor: REQUESTER
+                    .try_with(|actor| *actor)
+                    .unwrap_or(Actor::Node(self.node_id())),
+                now_ms: auth::now_ms(),
+                command: Box::new(command),
+            },
+        };
         let started = Instant::now();
         let mut last_problem;
         loop {
