@@ -236,23 +236,25 @@ pub enum Command {
     /// from them.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
-    /// The cluster's event log: nodes online, offline and evicted, quorum
-    /// lost and regained, attaches, detaches and takeovers, resyncs,
-    /// verifies and their repairs, failed pools and replicas, snapshots,
-    /// settings; each with who asked (the admin token, a local client, or
-    /// the node itself).
+    /// The cluster's event log: what happened, when, and who asked
+    ///
+    /// Nodes online, offline and evicted, quorum lost and regained,
+    /// attaches, detaches and takeovers, resyncs, verifies and their
+    /// repairs, failed pools and replicas, snapshots, settings; each with
+    /// who asked: the admin token, a local client, or the node itself.
     ///
     /// The log is replicated with the cluster's state: every node shows
     /// the same one, and it survives restarts. It keeps the last 1000
     /// events. Without --follow it prints the newest (--limit) and exits;
-    /// with --follow it then prints each new event as it comes (polling
+    /// with --follow it then prints each new event as it comes (asking
     /// every second) until interrupted (Ctrl-C). With --output json it
     /// prints the API's answer, or with --follow one JSON event per line.
     ///
     /// Examples:
     ///   trireme events
     ///   trireme events --volume vm1 --limit 50
-    ///   trireme events --follow --output json | jq .kind
+    ///   trireme events --follow --output json | jq -r .message
+    #[command(verbatim_doc_comment)]
     Events(EventsArgs),
     /// Write shell completions or man pages generated from these
     /// definitions (the .deb build uses it; hidden from help).

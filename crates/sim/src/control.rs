@@ -2326,6 +2326,10 @@ fn describe(command: &Command) -> String {
             snapshot,
             ..
         } => format!("clone {source}@{snapshot} as {name}"),
+        Command::Attributed { actor, command, .. } => {
+            format!("{} (by {actor:?})", describe(command))
+        }
+        Command::RecordEvent { event } => format!("event {:?}: {}", event.kind, event.message),
     }
 }
 
