@@ -1,7 +1,8 @@
 //! The cluster's event log (issue 23, item 3) with three real `trireme node
 //! run` processes on 127.0.0.1, one cluster for every check:
 //! - attach, snapshot and detach are logged with who asked (a local client,
-//!   the admin token), in `trireme events` text and `--output json`;
+//!   the admin token), in `trireme events` text and `--output json`; a
+//!   verify's result by the primary's node;
 //! - `--follow` prints a new event as it comes;
 //! - what the leader sees is logged by it: a node offline and online
 //!   again, and a volume's quorum lost and regained with it;
@@ -80,6 +81,30 @@ fn the_event_log() {
     wait_in_sync(&nodes[0], "ev", Duration::from_secs(30));
     attach(&nodes[0], "ev", "n1", &[]);
     nodes[1].cli(&["--token", &token, "snapshot", "create", "ev", "s1"]);
+    // A verify's result, logged by the primary's node once it is done (the
+    // engine starts within a second of the attach).
+    let verified = wait_until(Duration::from_secs(30), || {
+        exec(
+            &mut nodes[0].cli_cmd(&["volume", "verify", "ev"]),
+            Duration::from_secs(60),
+        )
+        .success()
+    });
+    assert!(
+        verified,
+        "verify did not run
+{}",
+        nodes[0].log_tail()
+    );
+    let result = wait_event(&nodes[0], "verify_finished", "ev");
+    assert_eq!(result["actor"], "node n1", "{result}");
+    assert!(
+        result["message"]
+            .as_str()
+            .unwrap()
+            .contains("0 blocks differed"),
+        "{result}"
+    );
     nodes[0].cli(&["volume", "detach", "ev"]);
     let log = events(&nodes[2], &["--volume", "ev"]);
     let attached = find(&log, "attached", Some("ev")).expect("an attached event");
