@@ -283,6 +283,8 @@ try {
   await prompt.locator('button[type=submit]').click();
   await lockedPage.locator('[data-card=health] .badge').waitFor();
   await lockedPage.click('nav a[data-page=nodes]');
+  // The page renders once its first poll is in: wait for it, then count.
+  await lockedPage.locator('table.nodes tbody tr').first().waitFor();
   assert.equal(await lockedPage.locator('table.nodes tbody tr').count(), 3);
   assert.equal(await lockedPage.evaluate(() => sessionStorage.getItem('trireme.adminToken')), adminToken);
   await lockedPage.reload();
