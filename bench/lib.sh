@@ -6,6 +6,24 @@ usage() {
     awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$1"
 }
 
+# parse_flags SCRIPT [ARG...]: the flags every benchmark takes. Sets
+# quick=1 for --quick and build=0 for --no-build (both start as 0 and 1);
+# --help prints SCRIPT's usage and exits; anything else is refused.
+parse_flags() {
+    local script=$1
+    shift
+    quick=0
+    build=1
+    for a in "$@"; do
+        case "$a" in
+            --quick) quick=1 ;;
+            --no-build) build=0 ;;
+            -h|--help) usage "$script"; exit 0 ;;
+            *) echo "unknown argument: $a" >&2; exit 2 ;;
+        esac
+    done
+}
+
 # disk_info DIR FSTYPE: the device under DIR, its size, whether it is
 # rotational and its model, for the results' header.
 disk_info() {

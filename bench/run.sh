@@ -32,16 +32,7 @@ repo=$(cd "$here/.." && pwd)
 . "$here/lib.sh"
 cmdline="bench/run.sh $*"
 case " $* " in *" --steady "*) exec "$here/steady.sh" "$@" ;; esac
-quick=0
-build=1
-for a in "$@"; do
-    case "$a" in
-        --quick) quick=1 ;;
-        --no-build) build=0 ;;
-        -h|--help) usage "$0"; exit 0 ;;
-        *) echo "unknown argument: $a" >&2; exit 2 ;;
-    esac
-done
+parse_flags "$0" "$@"
 if [ $quick = 1 ]; then
     RUNTIME=${RUNTIME:-3}; REPEAT=${REPEAT:-1}; SIZE=${SIZE:-256M}
 fi

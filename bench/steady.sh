@@ -33,17 +33,10 @@ repo=$(cd "$here/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
 cmdline="bench/steady.sh $*"
-quick=0
-build=1
-for a in "$@"; do
-    case "$a" in
-        --quick) quick=1 ;;
-        --no-build) build=0 ;;
-        --steady) ;;
-        -h|--help) usage "$0"; exit 0 ;;
-        *) echo "unknown argument: $a" >&2; exit 2 ;;
-    esac
-done
+# run.sh --steady hands its arguments on, --steady included.
+args=()
+for a in "$@"; do [ "$a" = --steady ] || args+=("$a"); done
+parse_flags "$0" "${args[@]}"
 if [ $quick = 1 ]; then
     WRITE_MIN=${WRITE_MIN:-10}; READ_TIME=${READ_TIME:-5}; SIZE=${SIZE:-256M}; VOLUMES=${VOLUMES:-0}
 fi
