@@ -93,3 +93,42 @@ fn a_probe_of_a_missing_device_is_an_error_not_an_empty_device() {
     let probed = runtime.block_on(file_system_type("/dev/trireme-no-such-device"));
     assert!(probed.is_err(), "{probed:?}");
 }
+
+/// A partitioned device holds data blkid knows but no file system type:
+/// the probe must say so, never "empty" (which NodeStage would format).
+#[test]
+fn a_partition_table_is_an_error_never_an_empty_device() {
+    if !can_run() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("partitioned.img");
+    sh("truncate", &["-s", "32M", &image.display().to_string()]);
+    // An MBR with one Linux partition (LBA 2048, 16 MiB).
+    let mut mbr = vec![0u8; 512];
+    mbr[440..444].copy_from_slice(&0x1234_5678u32.to_le_bytes());
+    mbr[446 + 4] = 0x83;
+    mbr[446 + 8..446 + 12].copy_from_slice(&2048u32.to_le_bytes());
+    mbr[446 + 12..446 + 16].copy_from_slice(&32768u32.to_le_bytes());
+    mbr[510] = 0x55;
+    mbr[511] = 0xAA;
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .unwrap();
+        file.write_all_at(&mbr, 0).unwrap();
+    }
+    let device = Loop(sh(
+        "losetup",
+        &["-f", "--show", &image.display().to_string()],
+    ));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let probed = runtime.block_on(file_system_type(&device.0));
+    let error = probed.expect_err("a partition table is not an empty device");
+    assert!(error.to_string().contains("dos partition table"), "{error}");
+}

@@ -101,37 +101,32 @@ pub async fn file_system_type(device: &str) -> Result<Option<String>, SystemErro
     tokio::task::spawn_blocking(move || readable_block_device(&path))
         .await
         .expect("the device check does not panic")?;
-    let args = ["-p", "-o", "value", "-s", "TYPE", device];
-    let command = format!("blkid {}", args.join(" "));
-    let output = Command::new("blkid")
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let output = match tokio::time::timeout(COMMAND_TIMEOUT, output).await {
-        Err(_) => return Err(SystemError::TimedOut { command }),
-        Ok(Err(source)) => {
-            return Err(SystemError::Missing {
-                program: "blkid".into(),
-                package: package_of("blkid"),
-                source,
-            })
-        }
-        Ok(Ok(output)) => output,
-    };
     const NOTHING_FOUND: i32 = 2;
-    match output.status.code() {
-        Some(0) => {
-            let found = String::from_utf8_lossy(&output.stdout).trim().to_string();
-            Ok((!found.is_empty()).then_some(found))
-        }
-        Some(NOTHING_FOUND) => Ok(None),
-        _ => Err(SystemError::Failed {
-            command,
-            status: output.status.to_string(),
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
-        }),
+    let export = run_accepting(
+        "blkid",
+        &["-p", "-o", "export", device],
+        &[0, NOTHING_FOUND],
+    )
+    .await?;
+    let value_of = |key: &str| {
+        export.lines().find_map(|line| {
+            let (name, value) = line.split_once('=')?;
+            (name == key).then(|| value.to_string())
+        })
+    };
+    if let Some(found) = value_of("TYPE") {
+        return Ok(Some(found));
     }
+    // Something blkid knows that is no file system (a partition table):
+    // never "empty", so never formatted over.
+    if let Some(table) = value_of("PTTYPE") {
+        return Err(SystemError::Failed {
+            command: format!("blkid -p -o export {device}"),
+            status: "0".into(),
+            stderr: format!("{device} holds a {table} partition table, not a file system; it is never formatted"),
+        });
+    }
+    Ok(None)
 }
 
 /// Fails unless `device` is a block device whose first 64 KiB (where
