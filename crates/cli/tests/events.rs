@@ -5,7 +5,9 @@
 //!   verify's result by the primary's node;
 //! - `--follow` prints a new event as it comes;
 //! - what the leader sees is logged by it: a node offline and online
-//!   again, and a volume's quorum lost and regained with it;
+//!   again, and a volume's quorum lost and regained with it; a replica
+//!   outdated by writes while its node was down, and its resync started
+//!   and finished when the node returns;
 //! - a flood of changes keeps only the newest 1000 events, and a reader
 //!   that fell behind is told how many it missed;
 //! - the log survives a restart of every node;
@@ -14,6 +16,7 @@
 
 mod common;
 
+use common::nbd_client::NbdClient;
 use common::replicated::*;
 use common::*;
 use serde_json::Value;
@@ -171,6 +174,20 @@ fn the_event_log() {
         "n3",
     ]);
     wait_in_sync(&nodes[0], "solo", Duration::from_secs(30));
+    // And one with a copy on n1 and on n3, written while n3 is down: n3's
+    // copy falls behind and is resynced when it returns.
+    nodes[0].cli(&[
+        "volume",
+        "create",
+        "rs",
+        "--size",
+        "8M",
+        "--replicas",
+        "2",
+        "--nodes",
+        "n1,n3",
+    ]);
+    wait_in_sync(&nodes[0], "rs", Duration::from_secs(30));
     nodes[2].kill9();
     let offline = wait_event(&nodes[0], "node_offline", "n3");
     assert!(
@@ -182,9 +199,30 @@ fn the_event_log() {
         lost["message"].as_str().unwrap().contains("0 of 1"),
         "{lost}"
     );
+    attach(&nodes[0], "rs", "n1", &[]);
+    wait_served(&nodes[0], "rs");
+    let mut client = NbdClient::connect(nodes[0].nbd_port, "rs").expect("NBD connect to rs");
+    client
+        .write(0, &vec![0x5a; 8 << 20], false)
+        .expect("write to rs while n3 is down");
+    client.flush().expect("flush of rs");
+    drop(client);
+    wait_event(&nodes[0], "replica_outdated", "rs");
+    // Slow enough that the resync outlasts one progress report (1 s): a
+    // shorter one logs only its end. The first 4 MiB go at once (the
+    // engine's burst), the other 4 at 1 MiB/s.
+    nodes[0].cli(&["cluster", "settings", "--resync-rate", "1M"]);
     nodes[2].restart();
     wait_event(&nodes[0], "node_online", "n3");
     wait_event(&nodes[0], "quorum_regained", "solo");
+    let started = wait_event(&nodes[0], "resync_started", "rs");
+    let finished = wait_event(&nodes[0], "resync_finished", "rs");
+    assert!(
+        finished["seq"].as_u64() > started["seq"].as_u64(),
+        "{started} {finished}"
+    );
+    nodes[0].cli(&["volume", "detach", "rs"]);
+    nodes[0].cli(&["cluster", "settings", "--resync-rate", "256M"]);
 
     // A flood: each label change is an event; the log keeps the newest.
     let before_flood = nodes[0].cli_json(&["events", "--limit", "1"])["last_seq"]
