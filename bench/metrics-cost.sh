@@ -75,7 +75,8 @@ one_run() {
         || die "fio failed: $(cat "$SCRATCH/fio.err")"
     kill "$node_pid" && wait "$node_pid" 2>/dev/null || true
     node_pid=
-    python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["jobs"][0]["write"]["iops"]))' "$SCRATCH/fio.json"
+    # fio's nbd engine prints "fio: connected to NBD server" before the JSON.
+    python3 -c 'import json,sys; t=open(sys.argv[1]).read(); print(round(json.loads(t[t.index("{"):])["jobs"][0]["write"]["iops"]))' "$SCRATCH/fio.json"
 }
 
 mkdir -p "$SCRATCH"
