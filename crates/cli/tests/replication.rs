@@ -180,6 +180,21 @@ fn a_flipped_byte_on_the_primary_is_repaired_from_a_peer() {
     });
     assert!(repaired, "no repair was logged\n{}", nodes[0].log_tail());
     qemu_io_all(&nodes[0].uri("bv"), &["read -P 0x5a 1M 4k"]);
+    // The cluster's event log says so too, by the primary's node.
+    let mut last = serde_json::Value::Null;
+    let logged = wait_until(Duration::from_secs(10), || {
+        last = nodes[1].cli_json(&["events", "--volume", "bv"]);
+        last["events"].as_array().is_some_and(|events| {
+            events.iter().any(|event| {
+                event["kind"] == "repaired"
+                    && event["actor"] == "node n1"
+                    && event["message"]
+                        .as_str()
+                        .is_some_and(|text| text.starts_with("reads of volume bv found"))
+            })
+        })
+    });
+    assert!(logged, "no read repair in the event log: {last:#}");
 }
 
 #[test]

@@ -248,6 +248,7 @@ impl Primary {
         for &node in &targets {
             self.send_write(node, seq, offset, &payload, true);
             self.counters.repaired_blocks += length / 4096;
+            self.counters.read_repaired_blocks += length / 4096;
         }
         self.writes.insert(
             seq,

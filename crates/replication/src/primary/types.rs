@@ -159,7 +159,10 @@ pub enum Action {
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Counters {
+    /// Blocks rewritten on a replica from a good copy, by reads and verifies.
     pub repaired_blocks: u64,
+    /// The part of `repaired_blocks` that reads found bad (the rest: verifies).
+    pub read_repaired_blocks: u64,
     pub read_failovers: u64,
     /// Data bytes resyncs copied (holes are not counted: they go as trims).
     pub resynced_bytes: u64,

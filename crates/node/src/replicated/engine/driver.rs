@@ -9,7 +9,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use trireme_control::{Command, CommandError, SyncProgress as ControlProgress};
+use trireme_control::events::ReportedEvent;
+use trireme_control::{Command, CommandError, EventKind, SyncProgress as ControlProgress};
 use trireme_replication::{
     Action, ClientError, FromReplica, Primary, Proposal, ProposalResult, VerifyState,
 };
@@ -84,6 +85,9 @@ pub(super) struct DriverStart {
     pub clock: Clock,
 }
 
+/// Read repairs go to the event log at most this often per volume.
+const READ_REPAIR_EVENT_EVERY_MS: u64 = 10_000;
+
 pub(super) struct Driver {
     pub primary: Primary,
     me: NodeId,
@@ -121,6 +125,8 @@ pub(super) struct Driver {
     verify_logged: Option<u64>,
     /// Counters already logged.
     logged: trireme_replication::primary::Counters,
+    /// When read repairs were last put in the cluster's event log.
+    read_repairs_recorded_ms: Option<u64>,
     /// Who waits for each snapshot asked.
     snapshot_waiters: BTreeMap<SnapshotId, Vec<oneshot::Sender<super::SnapshotOutcome>>>,
 }
@@ -151,6 +157,7 @@ impl Driver {
             failed_replica_delays: BTreeMap::new(),
             verify_logged: None,
             logged: Default::default(),
+            read_repairs_recorded_ms: None,
             snapshot_waiters: BTreeMap::new(),
         }
     }
@@ -348,7 +355,42 @@ impl Driver {
             );
             self.logged.repaired_blocks = repaired;
         }
+        self.record_read_repairs();
         self.log_verify_end();
+    }
+
+    /// Puts the blocks reads repaired in the cluster's event log: at most
+    /// one event per volume every [`READ_REPAIR_EVENT_EVERY_MS`], counting
+    /// all since the last, so a failing disk cannot flood the log. (A
+    /// verify's repairs are logged with its result, by the API.)
+    fn record_read_repairs(&mut self) {
+        let repaired = self.primary.counters.read_repaired_blocks;
+        let now = self.now();
+        let due = self
+            .read_repairs_recorded_ms
+            .is_none_or(|at| now.saturating_sub(at) >= READ_REPAIR_EVENT_EVERY_MS);
+        if repaired <= self.logged.read_repaired_blocks || !due {
+            return;
+        }
+        let blocks = repaired - self.logged.read_repaired_blocks;
+        self.logged.read_repaired_blocks = repaired;
+        self.read_repairs_recorded_ms = Some(now);
+        let event = ReportedEvent {
+            kind: EventKind::Repaired,
+            node: Some(self.me),
+            volume: Some(self.volume.clone()),
+            message: format!(
+                "reads of volume {} found {blocks} blocks damaged on a replica and rewrote them from a good copy",
+                self.volume
+            ),
+        };
+        let cluster = self.cluster.clone();
+        let volume = self.volume.clone();
+        tokio::spawn(async move {
+            if let Err(error) = cluster.write(Command::RecordEvent { event }).await {
+                tracing::warn!(%volume, "could not log the read repairs: {error}");
+            }
+        });
     }
 
     /// One line when a verify ends, with what it found.
