@@ -12,6 +12,8 @@ use trireme_types::{
 };
 
 use crate::model::*;
+
+mod event_record;
 use crate::placer::{self, Candidate, CandidatePool};
 
 /// What a node says about itself when it creates or joins the cluster.
@@ -676,10 +678,10 @@ impl ClusterState {
                 "an attributed command cannot wrap another".into(),
             ));
         }
-        let before = crate::events::Before::capture(self, &command);
+        let before = event_record::Before::capture(self, &command);
         let described = command.clone();
         let reply = self.apply(command)?;
-        crate::events::record(self, before, &described, &reply, actor, now_ms);
+        event_record::record(self, before, &described, &reply, actor, now_ms);
         Ok(reply)
     }
 

@@ -6,9 +6,9 @@
 //!   oldest goes when a new one comes. Sequence numbers are never reused,
 //!   so a reader that polls with "after SEQ" can tell it missed some.
 //! - Events are written only by applying a [`crate::Command::Attributed`]: the
-//!   command says who asked ([`Actor`]) and when. [`record`] derives the
-//!   events from the command, the state before it ([`Before`]) and its
-//!   reply, so that only transitions are logged (a node going offline
+//!   command says who asked ([`Actor`]) and when. The command module
+//!   (`command/event_record.rs`) derives the events from the command, the
+//!   state before it and its reply, so that only transitions are logged (a node going offline
 //!   once, not every time the leader looks at it). Plain commands (older
 //!   logs, the simulator) change the state and log nothing.
 //! - What only a node sees (a verify's result and its repairs) comes as
@@ -19,8 +19,6 @@
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use trireme_types::{NodeId, VolumeName};
-
-use crate::model::ClusterState;
 
 /// How many events the log keeps: enough for days of a quiet cluster and
 /// hours of a busy one; about 200 bytes each in every snapshot.
@@ -38,17 +36,6 @@ pub enum Actor {
     AdminToken { via: NodeId },
     /// A REST client on the loopback of node `via`, trusted without a token.
     Loopback { via: NodeId },
-}
-
-impl Actor {
-    /// How people read it, e.g. `admin token via n2`.
-    pub fn describe(&self, state: &ClusterState) -> String {
-        match self {
-            Actor::Node(node) => format!("node {}", state.node_name(*node)),
-            Actor::AdminToken { via } => format!("admin token via {}", state.node_name(*via)),
-            Actor::Loopback { via } => format!("local client on {}", state.node_name(*via)),
-        }
-    }
 }
 
 /// What kind of thing happened. The names are the API's `kind` values.
@@ -284,6 +271,3 @@ fn cut(mut text: String, limit: usize) -> String {
     }
     text
 }
-
-mod record;
-pub use record::{record, Before};

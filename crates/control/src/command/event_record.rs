@@ -4,13 +4,22 @@
 use std::collections::{BTreeMap, BTreeSet};
 use trireme_types::{NodeId, VolumeName};
 
-use super::{Actor, Event, EventKind};
-use crate::command::{Command, Reply};
+use super::{Command, Reply};
+use crate::events::{Actor, Event, EventKind};
 use crate::model::{ClusterState, NodeState, ReplicaObserved, VolumeRecord};
+
+/// How people read who asked, e.g. `admin token via n2`.
+fn describe_actor(actor: Actor, state: &ClusterState) -> String {
+    match actor {
+        Actor::Node(node) => format!("node {}", state.node_name(node)),
+        Actor::AdminToken { via } => format!("admin token via {}", state.node_name(via)),
+        Actor::Loopback { via } => format!("local client on {}", state.node_name(via)),
+    }
+}
 
 /// What [`record`] compares the state after a command with: only what the
 /// command can change, so that capturing it stays cheap.
-pub struct Before {
+pub(super) struct Before {
     node_states: BTreeMap<NodeId, NodeState>,
     /// Names of the nodes, for events about a node the command removes.
     node_names: BTreeMap<NodeId, String>,
@@ -22,7 +31,7 @@ pub struct Before {
 }
 
 impl Before {
-    pub fn capture(state: &ClusterState, command: &Command) -> Before {
+    pub(super) fn capture(state: &ClusterState, command: &Command) -> Before {
         let volume = command_volume(command).and_then(|name| state.volumes.get(name).cloned());
         let quorum = match (&volume, touches_nodes(command)) {
             (_, true) => state
@@ -110,7 +119,7 @@ type Draft = (EventKind, Option<NodeId>, Option<VolumeName>, String);
 
 /// Logs what `command` (applied, with `reply`) did, on behalf of `actor`
 /// at `time_ms`.
-pub fn record(
+pub(super) fn record(
     state: &mut ClusterState,
     before: Before,
     command: &Command,
@@ -120,7 +129,7 @@ pub fn record(
 ) {
     let mut drafts = describe(state, &before, command, reply);
     drafts.extend(quorum_changes(state, &before));
-    let actor = actor.describe(state);
+    let actor = describe_actor(actor, state);
     for (kind, node, volume, message) in drafts {
         let node = node.map(|node| {
             state
