@@ -117,6 +117,16 @@ fn command_volume(command: &Command) -> Option<&VolumeName> {
 /// A draft of an event: kind, node, volume, message.
 type Draft = (EventKind, Option<NodeId>, Option<VolumeName>, String);
 
+/// A command's single event.
+fn one(
+    kind: EventKind,
+    node: Option<NodeId>,
+    volume: Option<&VolumeName>,
+    message: String,
+) -> Vec<Draft> {
+    vec![(kind, node, volume.cloned(), message)]
+}
+
 /// Logs what `command` (applied, with `reply`) did, on behalf of `actor`
 /// at `time_ms`.
 pub(super) fn record(
@@ -206,9 +216,6 @@ fn cluster_events(
     reply: &Reply,
 ) -> Option<Vec<Draft>> {
     let name_of = |node: NodeId| state.node_name(node);
-    let one = |kind, node, volume: Option<&VolumeName>, message: String| {
-        vec![(kind, node, volume.cloned(), message)]
-    };
     Some(match command {
         Command::Bootstrap { node, .. } => one(
             EventKind::NodeJoined,
@@ -353,9 +360,6 @@ fn volume_events(
     reply: &Reply,
 ) -> Option<Vec<Draft>> {
     let name_of = |node: NodeId| state.node_name(node);
-    let one = |kind, node, volume: Option<&VolumeName>, message: String| {
-        vec![(kind, node, volume.cloned(), message)]
-    };
     Some(match command {
         Command::CreateVolume {
             name, size_bytes, ..
@@ -488,9 +492,6 @@ fn replica_events(
     reply: &Reply,
 ) -> Option<Vec<Draft>> {
     let name_of = |node: NodeId| state.node_name(node);
-    let one = |kind, node, volume: Option<&VolumeName>, message: String| {
-        vec![(kind, node, volume.cloned(), message)]
-    };
     Some(match command {
         Command::MarkOutdated { name, node, .. } => {
             let was = before
@@ -630,9 +631,6 @@ fn replica_events(
 /// Snapshots, rollbacks, schedules, and what nodes report themselves.
 fn snapshot_events(state: &ClusterState, command: &Command) -> Option<Vec<Draft>> {
     let name_of = |node: NodeId| state.node_name(node);
-    let one = |kind, node, volume: Option<&VolumeName>, message: String| {
-        vec![(kind, node, volume.cloned(), message)]
-    };
     Some(match command {
         Command::CreateSnapshot {
             volume,
