@@ -389,53 +389,59 @@ impl ReplicationSimConfig {
         Ok(())
     }
 
+    /// The probabilities of the faults a run injects (not the client's
+    /// operations, verifies, snapshots or answers to the control plane).
+    fn faults_mut(&mut self) -> [&mut f64; 13] {
+        [
+            &mut self.crash,
+            &mut self.partition,
+            &mut self.control_partition,
+            &mut self.link_drop,
+            &mut self.slow_disk,
+            &mut self.stall,
+            &mut self.io_error,
+            &mut self.bit_flip,
+            &mut self.pools_full,
+            &mut self.pool_full,
+            &mut self.pause,
+            &mut self.failover,
+            &mut self.detach,
+        ]
+    }
+
+    /// This config with no fault at all; a test then turns on the one it
+    /// is about.
+    pub fn without_faults(mut self) -> Self {
+        for probability in self.faults_mut() {
+            *probability = 0.0;
+        }
+        self.drop_writes = 0.0;
+        self
+    }
+
+    /// `fault` is the only fault, every replica starts in sync and fencing
+    /// is on.
+    fn only(&self, fault: fn(&mut Self) -> &mut f64) -> bool {
+        let mut others = self.clone();
+        let chosen = std::mem::take(fault(&mut others));
+        chosen > 0.0
+            && others.faults_mut().iter().all(|p| **p == 0.0)
+            && self.drop_writes == 0.0
+            && self.initial_in_sync == self.diskful
+            && !self.ignore_fencing
+    }
+
     /// The only faults are pools full on every replica at once: then
     /// nobody may be outdated and no write may fail with EIO.
     pub fn only_full_pools(&self) -> bool {
-        let others = [
-            self.crash,
-            self.partition,
-            self.control_partition,
-            self.link_drop,
-            self.slow_disk,
-            self.stall,
-            self.io_error,
-            self.bit_flip,
-            self.pool_full,
-            self.pause,
-            self.failover,
-            self.detach,
-            self.drop_writes,
-        ];
-        self.pools_full > 0.0
-            && others.iter().all(|p| *p == 0.0)
-            && self.initial_in_sync == self.diskful
-            && !self.ignore_fencing
+        self.only(|config| &mut config.pools_full)
     }
 
     /// The only fault is the primary's process stopped for a while: its
     /// replicas answered everything, so nobody may be outdated and no
     /// client request may fail.
     pub fn only_pauses(&self) -> bool {
-        let others = [
-            self.crash,
-            self.partition,
-            self.control_partition,
-            self.link_drop,
-            self.slow_disk,
-            self.stall,
-            self.io_error,
-            self.bit_flip,
-            self.pools_full,
-            self.pool_full,
-            self.failover,
-            self.detach,
-            self.drop_writes,
-        ];
-        self.pause > 0.0
-            && others.iter().all(|p| *p == 0.0)
-            && self.initial_in_sync == self.diskful
-            && !self.ignore_fencing
+        self.only(|config| &mut config.pause)
     }
 }
 

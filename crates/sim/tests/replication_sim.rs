@@ -302,21 +302,10 @@ fn pools_full_everywhere_outdate_nobody() {
     for seed in 2_000..2_000 + runs {
         let base = ReplicationSimConfig::for_seed(seed);
         let config = ReplicationSimConfig {
-            crash: 0.0,
-            partition: 0.0,
-            control_partition: 0.0,
-            link_drop: 0.0,
-            slow_disk: 0.0,
-            stall: 0.0,
-            io_error: 0.0,
-            bit_flip: 0.0,
-            failover: 0.0,
-            detach: 0.0,
-            pool_full: 0.0,
             pools_full: 0.01,
             initial_in_sync: base.diskful,
             steps: 1_000,
-            ..base
+            ..base.without_faults()
         };
         assert!(config.only_full_pools());
         let report = run_replication_sim(seed, config).unwrap_or_else(|error| {
@@ -342,22 +331,10 @@ fn a_primary_stopped_for_seconds_outdates_nobody() {
     for seed in 3_000..3_000 + runs {
         let base = ReplicationSimConfig::for_seed(seed);
         let config = ReplicationSimConfig {
-            crash: 0.0,
-            partition: 0.0,
-            control_partition: 0.0,
-            link_drop: 0.0,
-            slow_disk: 0.0,
-            stall: 0.0,
-            io_error: 0.0,
-            bit_flip: 0.0,
-            failover: 0.0,
-            detach: 0.0,
-            pool_full: 0.0,
-            pools_full: 0.0,
             pause: 0.004,
             initial_in_sync: base.diskful,
             steps: 2_000,
-            ..base
+            ..base.without_faults()
         };
         assert!(config.only_pauses());
         let report = run_replication_sim(seed, config).unwrap_or_else(|error| {
