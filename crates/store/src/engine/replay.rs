@@ -137,6 +137,7 @@ pub fn open_engine(
     state.durable_sequence = state.applied_sequence;
     state.checkpoint_epoch = checkpoint.epoch;
     let direct = crate::device::open_direct(&file);
+    crate::device::advise_random_access(&file);
     let punch_holes = !loaded.pool.preallocated && !crate::device::file_is_block_device(&file);
     let engine = Arc::new(Engine {
         pool_name: loaded.pool.name.clone(),
