@@ -126,15 +126,6 @@ log "tools disk: fio $(fio --version) and $(ls "$tools/lib" | wc -l) libraries, 
 
 # --- the cluster ----------------------------------------------------------------
 
-free_ports() {
-    python3 -c '
-import socket, sys
-ss = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); ss.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"
-}
-
 declare -A api nbd dport node_pid
 read -r api[n1] nbd[n1] dport[n1] api[n2] nbd[n2] dport[n2] api[n3] nbd[n3] dport[n3] < <(free_ports 9)
 

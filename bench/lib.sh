@@ -68,3 +68,132 @@ fresh_scratch() {
     fstype=$(df --output=fstype "$SCRATCH" | tail -1 | tr -d ' ')
     case "$fstype" in tmpfs|ramfs|overlay-tmpfs) die "scratch $SCRATCH is on $fstype: choose SCRATCH on a real disk" ;; esac
 }
+
+# free_ports N -> N distinct free TCP ports on 127.0.0.1 (all held open while picked)
+free_ports() {
+    python3 -c '
+import socket, sys
+ss = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); ss.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"
+}
+
+# wait_port PORT: waits (10 s max) until something listens on 127.0.0.1:PORT.
+wait_port() {
+    for _ in $(seq 1 200); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+# The three-node cluster of the replicated benchmarks. These use the
+# caller's bin, SCRATCH, log, die and arrays pids_to_kill and node_names.
+
+# start_node NAME API_PORT NBD_PORT DATA_PORT [EXTRA_ARGS...]: starts it in the
+# background and waits (60 s max) for its "ready" line; sets node_pid.
+start_node() {
+    local name=$1 api=$2 nbd=$3 dport=$4; shift 4
+    local dir=$SCRATCH/$name
+    mkdir -p "$dir"
+    log "trireme: starting $name (api $api, nbd $nbd, data $dport)"
+    "$bin" node run --data-dir "$dir" --name "$name" \
+        --api-listen "127.0.0.1:$api" --nbd-listen "127.0.0.1:$nbd" \
+        --nbd-socket "$dir/nbd.sock" --data-listen "127.0.0.1:$dport" "$@" \
+        >"$SCRATCH/$name.out" 2>"$SCRATCH/$name.log" &
+    node_pid=$!
+    pids_to_kill+=("$node_pid")
+    node_names+=("$name")
+    for _ in $(seq 1 600); do
+        grep -q ready "$SCRATCH/$name.out" && return 0
+        kill -0 "$node_pid" 2>/dev/null || die "$name exited before it was ready"
+        sleep 0.1
+    done
+    die "$name not ready after 60 s"
+}
+
+# cli API_PORT ARGS...: the trireme CLI against one node, bounded to 60 s
+cli() {
+    local api=$1; shift
+    timeout 60 "$bin" --api "http://127.0.0.1:$api" "$@"
+}
+
+# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.2 s until it succeeds
+wait_for() {
+    local secs=$1 what=$2; shift 2
+    local deadline=$(( $(date +%s) + secs ))
+    while ! "$@" >/dev/null 2>&1; do
+        [ "$(date +%s)" -lt "$deadline" ] || return 1
+        sleep 0.2
+    done
+    log "$what"
+}
+
+# start_cluster3 POOL_BYTES SIZE_BYTES: nodes n1, n2, n3 on 127.0.0.1 (their
+# data under $SCRATCH/n1..n3), a file-backed pool `bench` of POOL_BYTES on
+# each, and volume `bench` of SIZE_BYTES with three replicas, in sync and
+# attached on n1, whose NBD export serves it. Sets pid1 pid2 pid3 (the node
+# processes), api1 and nbd1 (n1's API and NBD ports) and pool_files (the
+# three pool images, space-separated).
+start_cluster3() {
+    local pool_bytes=$1 size_bytes=$2 api2 api3 nbd2 nbd3 data1 data2 data3 joinline token i api
+    read -r api1 nbd1 data1 api2 nbd2 data2 api3 nbd3 data3 < <(free_ports 9)
+    start_node n1 "$api1" "$nbd1" "$data1"
+    pid1=$node_pid
+    joinline=$(grep -o -- '--join [^ ]* --token TRM1-[^ ]*' "$SCRATCH/n1.out" | head -1) \
+        || die "n1 printed no join command"
+    token=${joinline##*--token }
+    start_node n2 "$api2" "$nbd2" "$data2" --join "127.0.0.1:$api1" --token "$token"
+    pid2=$node_pid
+    start_node n3 "$api3" "$nbd3" "$data3" --join "127.0.0.1:$api1" --token "$token"
+    pid3=$node_pid
+    wait_for 60 "trireme: 3 nodes online" cluster3_online || {
+        cli "$api1" status >&2 || true
+        die "the cluster did not show 3 nodes online within 60 s"
+    }
+    i=0
+    pool_files=""
+    for api in "$api1" "$api2" "$api3"; do
+        i=$((i + 1))
+        cli "$api" pool create bench --path "$SCRATCH/n$i/bench-pool.img" \
+            --size "$pool_bytes" --class ssd >&2 || die "pool create on n$i failed"
+        pool_files="$pool_files $SCRATCH/n$i/bench-pool.img"
+    done
+    pool_files=${pool_files# }
+    cli "$api1" volume create bench --size "$size_bytes" --pool bench --replicas 3 >&2 \
+        || die "volume create failed"
+    wait_for 60 "trireme: all 3 replicas in sync" cluster3_in_sync || {
+        cli "$api1" volume show bench >&2 || true
+        die "the volume's replicas were not all in sync within 60 s"
+    }
+    cli "$api1" volume attach bench --node n1 >&2 || die "volume attach bench --node n1 failed"
+    wait_for 30 "trireme: nbd://127.0.0.1:$nbd1/bench is served" \
+        timeout 10 nbdinfo "nbd://127.0.0.1:$nbd1/bench" || {
+        timeout 10 nbdinfo "nbd://127.0.0.1:$nbd1/bench" >&2 || true
+        cli "$api1" volume show bench >&2 || true
+        die "nbd://127.0.0.1:$nbd1/bench not served within 30 s of the attach"
+    }
+    cli "$api1" volume show bench >&2 || true
+}
+
+cluster3_online() {
+    cli "$api1" --output json status | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["nodes"]["online"] == 3 else 1)'
+}
+cluster3_in_sync() {
+    cli "$api1" --output json volume show bench | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+r = v["replicas"]
+sys.exit(0 if len(r) == 3 and all(x.get("in_sync") for x in r) else 1)'
+}
+
+# cluster3_summary: one line on volume `bench` of the cluster (state,
+# generation, primaries, each replica's state), for the results.
+cluster3_summary() {
+    cli "$api1" --output json volume show bench | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+print("after the run: volume state %s, generation %s, primaries %s; replicas %s" % (v["state"], v.get("generation"), ",".join(v.get("primaries", [])),
+      ", ".join("%s %s%s" % (r["node"], r["state"], "" if r.get("in_sync") else " (NOT in sync)") for r in v["replicas"])))' 2>/dev/null || echo "after the run: volume show failed"
+}

@@ -9,6 +9,11 @@
 # three device writes), and replaces the replicated section of bench/RESULTS.md.
 #
 # Usage: bench/replicated.sh [--quick] [--no-build]
+#        bench/replicated.sh --steady [--quick] [--no-build]: the steady-state
+#                 mode (issue 24): bench/steady.sh with TARGETS="trireme3
+#                 qemu-direct": the jobs in sequence on one 3-replica volume,
+#                 no sync between them, against qemu-nbd --cache=none; its own
+#                 section of bench/RESULTS.md (steady-replicated); see steady.sh
 #   env: RUNTIME  seconds per fio run        (default 10; --quick: 3)
 #        REPEAT   runs per job, median kept  (default 3;  --quick: 1)
 #        SIZE     volume / file size         (default 1G; --quick: 256M)
@@ -35,6 +40,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
+case " $* " in *" --steady "*) TARGETS=${TARGETS:-trireme3 qemu-direct} exec "$here/steady.sh" "$@" ;; esac
 cmdline="bench/replicated.sh $*"
 parse_flags "$0" "$@"
 if [ $quick = 1 ]; then
@@ -108,16 +114,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-# free_ports N -> N distinct free TCP ports on 127.0.0.1 (all held open while picked)
-free_ports() {
-    python3 -c '
-import socket, sys
-ss = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); ss.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"
-}
 
 results=$SCRATCH/results.jsonl
 : > "$results"
@@ -228,115 +224,13 @@ run_target() {
     done
 }
 
-wait_port() { # PORT
-    for _ in $(seq 1 200); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.05
-    done
-    return 1
-}
-
-# start_node NAME API_PORT NBD_PORT DATA_PORT [EXTRA_ARGS...]: starts it in the
-# background and waits (60 s max) for its "ready" line; sets node_pid.
-start_node() {
-    local name=$1 api=$2 nbd=$3 dport=$4; shift 4
-    local dir=$SCRATCH/$name
-    mkdir -p "$dir"
-    log "trireme: starting $name (api $api, nbd $nbd, data $dport)"
-    "$bin" node run --data-dir "$dir" --name "$name" \
-        --api-listen "127.0.0.1:$api" --nbd-listen "127.0.0.1:$nbd" \
-        --nbd-socket "$dir/nbd.sock" --data-listen "127.0.0.1:$dport" "$@" \
-        >"$SCRATCH/$name.out" 2>"$SCRATCH/$name.log" &
-    node_pid=$!
-    pids_to_kill+=("$node_pid")
-    node_names+=("$name")
-    for _ in $(seq 1 600); do
-        grep -q ready "$SCRATCH/$name.out" && return 0
-        kill -0 "$node_pid" 2>/dev/null || die "$name exited before it was ready"
-        sleep 0.1
-    done
-    die "$name not ready after 60 s"
-}
-
-# cli API_PORT ARGS...: the trireme CLI against one node, bounded to 60 s
-cli() {
-    local api=$1; shift
-    timeout 60 "$bin" --api "http://127.0.0.1:$api" "$@"
-}
-
-# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.2 s until it succeeds
-wait_for() {
-    local secs=$1 what=$2; shift 2
-    local deadline=$(( $(date +%s) + secs ))
-    while ! "$@" >/dev/null 2>&1; do
-        [ "$(date +%s)" -lt "$deadline" ] || return 1
-        sleep 0.2
-    done
-    log "$what"
-}
-
-online_is_3() {
-    cli "$api1" --output json status | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["nodes"]["online"] == 3 else 1)'
-}
-all_in_sync() {
-    cli "$api1" --output json volume show bench | python3 -c '
-import json, sys
-v = json.load(sys.stdin)
-r = v["replicas"]
-sys.exit(0 if len(r) == 3 and all(x.get("in_sync") for x in r) else 1)'
-}
-
 trireme_info=""
 for target in $TARGETS; do
     case "$target" in
     trireme)
-        read -r api1 nbd1 data1 api2 nbd2 data2 api3 nbd3 data3 < <(free_ports 9)
-        start_node n1 "$api1" "$nbd1" "$data1"
-        pid1=$node_pid
-        joinline=$(grep -o -- '--join [^ ]* --token TRM1-[^ ]*' "$SCRATCH/n1.out" | head -1) \
-            || die "n1 printed no join command"
-        token=${joinline##*--token }
-        start_node n2 "$api2" "$nbd2" "$data2" --join "127.0.0.1:$api1" --token "$token"
-        pid2=$node_pid
-        start_node n3 "$api3" "$nbd3" "$data3" --join "127.0.0.1:$api1" --token "$token"
-        pid3=$node_pid
-        wait_for 60 "trireme: 3 nodes online" online_is_3 || {
-            cli "$api1" status >&2 || true
-            die "the cluster did not show 3 nodes online within 60 s"
-        }
-        i=0
-        for api in "$api1" "$api2" "$api3"; do
-            i=$((i + 1))
-            cli "$api" pool create bench --path "$SCRATCH/n$i/bench-pool.img" \
-                --size "$pool_bytes" --class ssd >&2 || die "pool create on n$i failed"
-        done
-        cli "$api1" volume create bench --size "$size_bytes" --pool bench --replicas 3 >&2 \
-            || die "volume create failed"
-        wait_for 60 "trireme: all 3 replicas in sync" all_in_sync || {
-            cli "$api1" volume show bench >&2 || true
-            die "the volume's replicas were not all in sync within 60 s"
-        }
-        if "$bin" volume attach --help >/dev/null 2>&1; then
-            cli "$api1" volume attach bench --node n1 >&2 || die "volume attach bench --node n1 failed"
-        else
-            log "trireme: no 'volume attach' in this build, attaching through the REST API"
-            reply=$(curl -s -m 60 -w '\n%{http_code}' -XPOST "http://127.0.0.1:$api1/api/v1/volumes/bench/attach" \
-                -H 'content-type: application/json' -d '{"node":"n1"}') || die "attach request failed"
-            [ "${reply##*$'\n'}" = 200 ] || die "attach answered: $reply"
-        fi
-        wait_for 30 "trireme: nbd://127.0.0.1:$nbd1/bench is served" \
-            timeout 10 nbdinfo "nbd://127.0.0.1:$nbd1/bench" || {
-            timeout 10 nbdinfo "nbd://127.0.0.1:$nbd1/bench" >&2 || true
-            cli "$api1" volume show bench >&2 || true
-            die "nbd://127.0.0.1:$nbd1/bench not served within 30 s of the attach"
-        }
-        cli "$api1" volume show bench >&2 || true
+        start_cluster3 "$pool_bytes" "$size_bytes"
         run_target trireme "$pid1 $pid2 $pid3" --ioengine=nbd --uri="nbd://127.0.0.1:$nbd1/bench"
-        trireme_info=$(cli "$api1" --output json volume show bench | python3 -c '
-import json, sys
-v = json.load(sys.stdin)
-print("after the run: volume state %s, generation %s, primaries %s; replicas %s" % (v["state"], v.get("generation"), ",".join(v.get("primaries", [])),
-      ", ".join("%s %s%s" % (r["node"], r["state"], "" if r.get("in_sync") else " (NOT in sync)") for r in v["replicas"])))' 2>/dev/null || echo "after the run: volume show failed")
+        trireme_info=$(cluster3_summary)
         log "trireme: $trireme_info"
         for p in "$pid1" "$pid2" "$pid3"; do kill "$p" 2>/dev/null || true; done
         for p in "$pid1" "$pid2" "$pid3"; do timeout 10 tail --pid="$p" -f /dev/null || kill -9 "$p" 2>/dev/null || true; done

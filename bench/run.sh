@@ -83,7 +83,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 results=$SCRATCH/results.jsonl
 : > "$results"
@@ -183,20 +182,12 @@ run_target() {
     done
 }
 
-wait_port() { # PORT
-    for _ in $(seq 1 200); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.05
-    done
-    return 1
-}
-
 # run_qemu_nbd TARGET sparse|allocated QEMU_NBD_CACHE_ARGS...: serves a raw
 # image with qemu-nbd and runs the jobs against it.
 run_qemu_nbd() {
     local target=$1 layout=$2; shift 2
     local port img=$SCRATCH/$target.raw qpid
-    port=$(free_port)
+    port=$(free_ports 1)
     if [ "$layout" = allocated ]; then
         fallocate -l "$size_bytes" "$img" 2>/dev/null || truncate -s "$size_bytes" "$img"
     else
@@ -216,7 +207,7 @@ run_qemu_nbd() {
 for target in $TARGETS; do
     case "$target" in
     trireme)
-        nbd_port=$(free_port); api_port=$(free_port)
+        nbd_port=$(free_ports 1); api_port=$(free_ports 1)
         data=$SCRATCH/trireme-data
         mkdir -p "$data"
         log "trireme: starting node (nbd $nbd_port, api $api_port)"

@@ -85,15 +85,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_ports() {
-    python3 -c '
-import socket, sys
-ss = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); ss.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"
-}
-
 results=$SCRATCH/results.jsonl
 : > "$results"
 

@@ -19,7 +19,14 @@
 #        SEQUENCE   the jobs in order (default "J6 J2 J3 J4 J5 J1 J2")
 #        REPEAT     whole sequences per target, each on a fresh prefilled
 #                   volume; medians are shown            (default 1)
-#        TARGETS    default "trireme qemu-direct raw"
+#        TARGETS    default "trireme qemu-direct raw"; also trireme3: three
+#                   `trireme node run` on 127.0.0.1, a volume with three
+#                   replicas attached on n1, fio to n1's export (the mode of
+#                   `bench/replicated.sh --steady`)
+#        LOAD_NOTE  a sentence on what else ran on the machine, for the results
+#                   (default: nothing else was meant to run)
+#        MARK       the section of OUT to replace (default steady; with
+#                   trireme3: steady-replicated)
 #        SCRATCH    scratch dir (not tmpfs)               (default target/bench-scratch-steady)
 #        OUT        results file (default bench/RESULTS.md; only the part between
 #                   <!-- steady:begin --> and <!-- steady:end --> is replaced)
@@ -57,7 +64,9 @@ die() { log "ERROR: $*"; exit 1; }
 
 for t in fio python3 qemu-nbd; do command -v $t >/dev/null || die "$t not installed"; done
 for j in $SEQUENCE; do case "$j" in J[1-6]) ;; *) die "unknown job $j (SEQUENCE takes J1..J6)" ;; esac; done
-for t in $TARGETS; do case "$t" in trireme|qemu-direct|raw|qemu-nbd) ;; *) die "unknown target $t" ;; esac; done
+for t in $TARGETS; do case "$t" in trireme|trireme3|qemu-direct|raw|qemu-nbd) ;; *) die "unknown target $t" ;; esac; done
+case " $TARGETS " in *" trireme3 "*) MARK=${MARK:-steady-replicated}; command -v nbdinfo >/dev/null || die "nbdinfo not installed" ;; esac
+MARK=${MARK:-steady}
 
 size_bytes=$(bytes_of "$SIZE")
 pool_bytes=$(( size_bytes + size_bytes / 4 + (512 << 20) ))
@@ -67,29 +76,23 @@ device=$(device_of "$SCRATCH")
 avail_bytes=$(( $(df --output=avail -k "$SCRATCH" | tail -1) * 1024 ))
 [ "$avail_bytes" -ge $(( pool_bytes + (1 << 30) )) ] || die "scratch $SCRATCH has too little room for SIZE=$SIZE"
 
-if [ $build = 1 ] && [[ " $TARGETS " == *" trireme "* ]]; then
+uses_trireme=0
+case " $TARGETS " in *" trireme "*|*" trireme3 "*) uses_trireme=1 ;; esac
+if [ $build = 1 ] && [ $uses_trireme = 1 ]; then
     log "building trireme (release)"
     (cd "$repo" && cargo build --release -p trireme >&2)
 fi
 bin=$repo/target/release/trireme
-case " $TARGETS " in *" trireme "*) [ -x "$bin" ] || die "$bin missing (build failed?)" ;; esac
+[ $uses_trireme = 0 ] || [ -x "$bin" ] || die "$bin missing (build failed?)"
 
 pids_to_kill=()
+node_names=()
 cleanup() {
     for p in "${pids_to_kill[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
     sleep 0.5
     for p in "${pids_to_kill[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
 }
 trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() {
-    for _ in $(seq 1 200); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.05
-    done
-    return 1
-}
 
 results=$SCRATCH/results.jsonl
 : > "$results"
@@ -107,7 +110,7 @@ job_args() {
 job_numjobs() { case "$1" in J4) echo 4 ;; *) echo 1 ;; esac; }
 is_write_job() { case "$1" in J3|J6) return 1 ;; *) return 0 ;; esac; }
 
-# snapshot SERVER_PID DATA_FILE -> one JSON object: device sectors written,
+# snapshot SERVER_PIDS DATA_FILES -> one JSON object: device sectors written,
 # the server's write_bytes (/proc/PID/io), CPU ticks, and the data file's
 # dirty / writeback pages (cachestat) and the system's Dirty / Writeback.
 snapshot() {
@@ -174,7 +177,7 @@ run_sequence() {
 run_qemu_nbd() { # TARGET REP QEMU_NBD_ARGS...
     local target=$1 rep=$2; shift 2
     local port img=$SCRATCH/$target.raw qpid
-    port=$(free_port)
+    port=$(free_ports 1)
     fallocate -l "$size_bytes" "$img" 2>/dev/null || truncate -s "$size_bytes" "$img"
     qemu-nbd -f raw "$@" -t -e 16 -x bench -b 127.0.0.1 -p "$port" \
         --pid-file="$SCRATCH/$target.pid" --fork "$img"
@@ -190,7 +193,7 @@ for rep in $(seq 1 "$REPEAT"); do
     for target in $TARGETS; do
         case "$target" in
         trireme)
-            nbd_port=$(free_port); api_port=$(free_port)
+            nbd_port=$(free_ports 1); api_port=$(free_ports 1)
             data=$SCRATCH/trireme-data
             rm -rf "$data"; mkdir -p "$data"
             "$bin" node run --data-dir "$data" --nbd-listen "127.0.0.1:$nbd_port" \
@@ -213,6 +216,16 @@ for rep in $(seq 1 "$REPEAT"); do
             kill "$tpid"; wait "$tpid" 2>/dev/null || true
             rm -rf "$data" "$SCRATCH/trireme-pool.img"
             ;;
+        trireme3)
+            start_cluster3 "$pool_bytes" "$size_bytes"
+            run_sequence trireme3 "$rep" "$pid1,$pid2,$pid3" "${pool_files// /,}" \
+                --ioengine=nbd --uri="nbd://127.0.0.1:$nbd1/bench"
+            log "trireme3: $(cluster3_summary)"
+            for p in "$pid1" "$pid2" "$pid3"; do kill "$p" 2>/dev/null || true; done
+            for p in "$pid1" "$pid2" "$pid3"; do timeout 10 tail --pid="$p" -f /dev/null || kill -9 "$p" 2>/dev/null || true; done
+            rm -rf "$SCRATCH"/n1 "$SCRATCH"/n2 "$SCRATCH"/n3
+            node_names=()
+            ;;
         qemu-direct) run_qemu_nbd qemu-direct "$rep" --cache=none --aio=native ;;
         qemu-nbd) run_qemu_nbd qemu-nbd "$rep" --cache=writeback --aio=threads ;;
         raw)
@@ -228,7 +241,7 @@ done
 log "writing $OUT"
 export B_LOAD="load average at start $load_start, at end $(cut -d' ' -f1-3 /proc/loadavg)"
 export B_DIRTY="$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
-export B_TARGETS="$TARGETS" B_SEQUENCE="$SEQUENCE" B_REPO="$repo" B_CMD="$envline $cmdline" \
+export B_LOAD_NOTE="${LOAD_NOTE:-}" B_MARK="$MARK" B_TARGETS="$TARGETS" B_SEQUENCE="$SEQUENCE" B_REPO="$repo" B_CMD="$envline $cmdline" \
     B_DISK="$(disk_info "$SCRATCH" "$fstype")" B_SIZE="$SIZE" B_REPEAT="$REPEAT" \
     B_WRITE_MIN="$WRITE_MIN" B_WRITE_MAX="$WRITE_MAX" B_READ_TIME="$READ_TIME" B_VOLUMES="$VOLUMES"
 python3 "$here/steady_report.py" table "$results" "$OUT"

@@ -138,16 +138,17 @@ def table(argv):
         if l.startswith("model name"):
             cpu = l.split(":", 1)[1].strip()
             break
-    L = ["## Steady state (issue 24): one volume, the jobs in sequence, no sync between them\n"]
+    title = "three replicas on three nodes of this machine" if "trireme3" in targets else "one volume"
+    L = [f"## Steady state (issue 24): {title}, the jobs in sequence, no sync between them\n"]
     L.append(f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
     L.append(f"- command: `{E['B_CMD']}`")
     dirty = int(E.get("B_DIRTY", "0") or 0)
     L.append(f"- trireme: {git('rev-parse', '--short', 'HEAD')} ({git('log', '-1', '--format=%s')}), release build"
              + (f", working tree with {dirty} uncommitted changed files" if dirty else ""))
     L.append(f"- machine: {os.cpu_count()} CPUs ({cpu}), {round(os.sysconf('SC_PAGE_SIZE')*os.sysconf('SC_PHYS_PAGES')/2**30)} GiB RAM, kernel {platform.release()}; disk: {E['B_DISK']}")
-    L.append(f"- {E['B_LOAD']}. **Other engineers were building Rust on this machine during the run**: absolute numbers are depressed and noisy; the ratios against qemu-direct, measured in the same run, are what count")
+    L.append(f"- {E['B_LOAD']}. " + (E.get("B_LOAD_NOTE") or "nothing else was meant to run on the machine; the ratios against qemu-direct, measured in the same run, are what count"))
     L.append(f"- sequence, on one {E['B_SIZE']} volume prefilled with 1 MiB sequential writes, then the steps below in order with no `sync` and no cache drop: write jobs at least {E['B_WRITE_MIN']} s and until they have written {E['B_VOLUMES']}× the volume (at most {E['B_WRITE_MAX']} s; J1 time only: see *written MiB*), read jobs {E['B_READ_TIME']} s; {E['B_REPEAT']} whole sequence(s) per target (medians)")
-    L.append("- **qemu-direct** (the baseline) = `qemu-nbd -f raw --cache=none --aio=native -e 16` on a preallocated raw file; **raw** = fio libaio `--direct=1` on a preallocated file; **trireme** = `trireme node run`, a volume on a sparse file-backed pool, checksums on; all fio `--ioengine=nbd` except raw")
+    L.append("- **qemu-direct** (the baseline) = `qemu-nbd -f raw --cache=none --aio=native -e 16` on a preallocated raw file; **raw** = fio libaio `--direct=1` on a preallocated file; **trireme** = `trireme node run`, a volume on a sparse file-backed pool, checksums on; **trireme3** = three `trireme node run` on 127.0.0.1, each with a sparse file-backed pool on the same disk, a volume with three replicas attached on n1 (WA, CPU and file pages summed over the three); all fio `--ioengine=nbd` except raw")
     L.append("- latency = fio completion latency in µs from all I/Os of the job (json+ bins), the worse of read/write; J1 cycle = 1e6 / IOPS (a 4k write and its flush)")
     L.append("- IOPS per 10 s: fio's averaged IOPS log, one character per 10 s window, scaled to the job's best window; worst/median = the lowest full window after the first over the median window (target ≥ 0.7)")
     L.append("- WA server = the server's `/proc/PID/io` write_bytes ÷ bytes fio wrote: exact for direct I/O (qemu-direct), but **meaningless for a server that writes through the page cache on this kernel**: a page-cache folio is counted whole when it turns dirty, and ext4 caches large folios since Linux 6.16, so a 4 KiB write into a cached 2 MiB folio counts 2 MiB; WA disk = sectors written to the whole disk (/proc/diskstats) ÷ bytes fio wrote: includes everyone else's writes (builds, tests), so it is an upper bound here")
@@ -190,7 +191,31 @@ def table(argv):
         if worst:
             s, w = min(worst, key=lambda x: x[1])
             L.append(f"\nIOPS curves: trireme's lowest 10 s window after the first, over its job's median, is {w:.2f} (step {s}); target ≥ 0.7: {'met' if w >= 0.7 else '**not met**'}.\n")
-    begin, end = "<!-- steady:begin -->", "<!-- steady:end -->"
+    if "trireme3" in targets and "qemu-direct" in targets:
+        L.append("### trireme3 (three replicas) / qemu-direct (one unreplicated copy), and the issue's targets (item 5, three replicas)\n")
+        L.append("Every replicated write costs three device writes on this one disk (the three nodes' pools share it), qemu-direct's one.\n")
+        L.append("| step | job | IOPS ratio | p99.9 ratio | J1 cycle ratio | target | met |")
+        L.append("|---:|---|---:|---:|---:|---|---|")
+        for s, j in enumerate(seq, 1):
+            a, b = med("trireme3", s, "iops"), med("qemu-direct", s, "iops")
+            pa, pb = med("trireme3", s, "p999"), med("qemu-direct", s, "p999")
+            r = a / b if a and b else None
+            pr = pa / pb if pa and pb else None
+            cr = b / a if j == "J1" and a and b else None
+            if j == "J2":
+                tgt, ok = "IOPS ≥ 0.33×", "yes" if r is not None and r >= 0.33 else "**no**"
+            elif j == "J1":
+                tgt, ok = "cycle ≤ 1.15× the chain of `bench/replicated.sh` (context here: qemu-direct's cycle)", "-"
+            else:
+                tgt, ok = "(context)", "-"
+            L.append(f"| {s} | {j} | {f(r,'%.2f')} | {f(pr,'%.2f')} | {f(cr,'%.2f')} | {tgt} | {ok} |")
+        worst = [(s, med('trireme3', s, 'worst_window')) for s in range(1, len(seq) + 1)]
+        worst = [(s, w) for s, w in worst if w is not None]
+        if worst:
+            s, w = min(worst, key=lambda x: x[1])
+            L.append(f"\nIOPS curves: trireme3's lowest 10 s window after the first, over its job's median, is {w:.2f} (step {s}); target ≥ 0.7: {'met' if w >= 0.7 else '**not met**'}.\n")
+    mark = E.get("B_MARK", "steady")
+    begin, end = f"<!-- {mark}:begin -->", f"<!-- {mark}:end -->"
     block = begin + "\n" + "\n".join(L) + "\n" + end
     text = open(out).read() if os.path.exists(out) else ""
     if begin in text and end in text:
