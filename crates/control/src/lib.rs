@@ -2,9 +2,11 @@
 //! to every node.
 //!
 //! - [`model`]: the state itself: nodes, pools, resource groups, volumes and
-//!   their placement.
+//!   their placement, snapshots ([`model::snapshot`]: rollbacks, clones'
+//!   origins, schedules, the fencing of detached volumes), and the
+//!   invariants every state keeps.
 //! - [`command`]: the commands of the replicated log and the pure function
-//!   that applies them (tested without any I/O).
+//!   that applies them (tested without any I/O), one module per domain.
 //! - [`conformance`]: whether placed replicas still satisfy their group
 //!   after labels or the group changed.
 //! - [`events`]: the cluster's event log, a bounded ring in the replicated
@@ -17,8 +19,13 @@
 //!   which the leader asks for.
 //! - [`raft`]: openraft's types and its storage (log, vote, snapshots) in
 //!   the node's `control.redb`.
-//! - [`snapshot`]: volume snapshots, rollbacks, clones' origins and
-//!   schedules, and the fencing of detached volumes.
+//! - [`snapshot`]: the former home of the snapshot records, re-exporting
+//!   [`model::snapshot`].
+//!
+//! Modules depend on each other without cycles (the workspace's
+//! `module_cycles` test checks it): `placer` and `events` depend on nothing
+//! here, `model` on them, `command`, `repair`, `health` and `conformance`
+//! on the model, and `raft` on the commands.
 pub mod command;
 pub mod conformance;
 pub mod events;
@@ -32,8 +39,8 @@ pub mod snapshot;
 pub use command::{Command, CommandError, FencedPrimary, NodeRegistration, PoolReport, Reply};
 pub use events::{Actor, Event, EventKind, EventLog, EventPage, EVENT_LOG_CAPACITY};
 pub use health::{QuorumCount, VolumeHealth};
-pub use model::*;
-pub use snapshot::{
+pub use model::snapshot::{
     CloneOrigin, Rollback, SnapshotRecord, SnapshotSchedule, SnapshotState, SnapshotTaker,
     MAX_SNAPSHOTS_PER_VOLUME, MIN_SCHEDULE_SECS,
 };
+pub use model::*;

@@ -9,8 +9,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use trireme_types::{DeviceClass, Generation, GroupName, NodeId, NodeName, PoolName, VolumeName};
 
-use crate::placer::Placement;
-use crate::snapshot::{CloneOrigin, Rollback, SnapshotRecord, SnapshotSchedule};
+use crate::placer::{Candidate, CandidatePool, Placement};
+
+pub mod snapshot;
+use snapshot::{CloneOrigin, Rollback, SnapshotRecord, SnapshotSchedule};
 
 /// The resource group a volume uses when the request names none.
 pub const DEFAULT_GROUP: &str = "default";
@@ -498,3 +500,162 @@ impl ClusterState {
             .filter(move |volume| volume.replica(node).is_some())
     }
 }
+
+impl ClusterState {
+    /// The nodes as the placer sees them.
+    pub fn candidates(&self) -> Vec<Candidate> {
+        self.nodes
+            .values()
+            .map(|node| Candidate {
+                id: node.id,
+                name: node.name.clone(),
+                labels: node.labels.clone(),
+                online: node.state == NodeState::Online,
+                evicted: node.state == NodeState::Evicted,
+                pools: node
+                    .pools
+                    .iter()
+                    .filter(|(_, pool)| pool.online)
+                    .map(|(name, pool)| CandidatePool {
+                        name: name.clone(),
+                        class: pool.class,
+                        capacity_bytes: pool.capacity_bytes,
+                        free_bytes: pool.free_bytes,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// The resource group of a volume (the default one if it went missing,
+    /// which the invariants rule out).
+    pub(crate) fn group_of(&self, volume: &VolumeRecord) -> ResourceGroup {
+        self.groups
+            .get(&volume.group)
+            .cloned()
+            .unwrap_or_else(ResourceGroup::default_group)
+    }
+
+    /// What must hold after every command; checked by `apply`.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.events.check()?;
+        let mut names = std::collections::BTreeSet::new();
+        for (id, node) in &self.nodes {
+            if *id != node.id {
+                return Err(format!("node {id} is recorded with id {}", node.id));
+            }
+            if !names.insert(&node.name) {
+                return Err(format!("two nodes are named {}", node.name));
+            }
+            if node.id.0 >= self.next_node_id {
+                return Err(format!("node id {} is not below the next id", node.id));
+            }
+        }
+        for (name, volume) in &self.volumes {
+            if name != &volume.name {
+                return Err(format!("volume {name} is recorded as {}", volume.name));
+            }
+            if !self.groups.contains_key(&volume.group) {
+                return Err(format!("volume {name} uses a missing group"));
+            }
+            let mut holders = std::collections::BTreeSet::new();
+            for replica in &volume.replicas {
+                if !holders.insert(replica.node) {
+                    return Err(format!(
+                        "volume {name} has two replicas on {}",
+                        replica.node
+                    ));
+                }
+                if !self.nodes.contains_key(&replica.node) {
+                    return Err(format!("volume {name} has a replica on a removed node"));
+                }
+                if (replica.kind == ReplicaKind::Diskful) != replica.pool.is_some() {
+                    return Err(format!("volume {name}: only diskful replicas name a pool"));
+                }
+            }
+            if volume.deleting && volume.replicas.is_empty() {
+                return Err(format!("deleted volume {name} is still recorded"));
+            }
+            for replica in &volume.replicas {
+                if replica.sync.is_some() && replica.kind != ReplicaKind::Diskful {
+                    return Err(format!(
+                        "volume {name}: a {} replica has resync progress",
+                        replica.kind.as_str()
+                    ));
+                }
+            }
+            if volume.generation < FIRST_GENERATION {
+                return Err(format!("volume {name} has generation 0"));
+            }
+            if volume.primaries.len() > MAX_PRIMARIES {
+                return Err(format!(
+                    "volume {name} has {} primaries",
+                    volume.primaries.len()
+                ));
+            }
+            let mut primaries = BTreeSet::new();
+            for primary in &volume.primaries {
+                if !primaries.insert(primary.node) {
+                    return Err(format!(
+                        "volume {name} lists primary {} twice",
+                        primary.node
+                    ));
+                }
+                if !self.nodes.contains_key(&primary.node) {
+                    return Err(format!("volume {name} is attached on a removed node"));
+                }
+            }
+            if let Some(stray) = volume
+                .in_sync
+                .iter()
+                .find(|node| !volume.is_diskful_on(**node))
+            {
+                return Err(format!(
+                    "volume {name}: node {stray} is in sync without a diskful replica"
+                ));
+            }
+            if volume.in_sync.is_empty() && (volume.is_attached() || !volume.deleting) {
+                return Err(format!("volume {name} has no up-to-date replica"));
+            }
+            if !volume.deleting && !(1..=MAX_PLACE_COUNT).contains(&volume.replica_target) {
+                return Err(format!(
+                    "volume {name} wants {} diskful replicas",
+                    volume.replica_target
+                ));
+            }
+            if volume.deleting && volume.is_attached() {
+                return Err(format!("volume {name} is attached while being deleted"));
+            }
+        }
+        self.check_snapshot_invariants()
+    }
+}
+
+/// The names of the ready snapshots of `volume` whose only copy is on `node`.
+pub(crate) fn last_snapshot_copies(volume: &VolumeRecord, node: NodeId) -> Vec<String> {
+    volume
+        .snapshots
+        .iter()
+        .filter(|snapshot| {
+            snapshot.is_ready()
+                && snapshot.nodes.contains(&node)
+                && snapshot.nodes.iter().all(|holder| *holder == node)
+        })
+        .map(|snapshot| snapshot.name.to_string())
+        .collect()
+}
+
+/// Whether a diskful replica of `volume` on a node other than `node` is ready.
+pub(crate) fn has_other_ready(volume: &VolumeRecord, node: NodeId) -> bool {
+    volume
+        .diskful()
+        .any(|replica| replica.node != node && replica.observed == ReplicaObserved::Ready)
+}
+
+/// Whether a node other than `node` holds an up-to-date replica of `volume`.
+pub(crate) fn has_other_in_sync(volume: &VolumeRecord, node: NodeId) -> bool {
+    volume.in_sync.iter().any(|holder| *holder != node)
+}
+
+/// The most diskful replicas a volume may have.
+pub const MAX_PLACE_COUNT: usize = 7;

@@ -755,6 +755,17 @@ fn choose_tiebreaker(
         .map(|node| node.id)
 }
 
+/// A stable seed from a volume's name (FNV-1a), so ties in placement spread
+/// volumes across nodes the same way on every node.
+pub fn name_seed(name: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in name.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@
 //! the leader asks for it: every half second it lists the volumes whose
 //! placement would change ([`ClusterState::placements_to_restore`]) and
 //! commits a [`crate::Command::RestorePlacement`] for each. Applying it
-//! decides again from the state then, with the same function, so every
+//! (`crate::command::volumes`) decides again from the state then, with the same function, so every
 //! node computes the same placement and a stale request changes nothing.
 //!
 //! Rules, each keeping the volume's quorum:
@@ -34,9 +34,10 @@
 use std::collections::BTreeSet;
 use trireme_types::{NodeId, PoolName, VolumeName};
 
-use crate::command::{apply_placement, name_seed, CommandError, Reply, MAX_PLACE_COUNT};
-use crate::model::{ClusterState, NodeState, ReplicaKind, ReplicaObserved, VolumeRecord};
-use crate::placer::{self, Placement};
+use crate::model::{
+    ClusterState, NodeState, ReplicaKind, ReplicaObserved, VolumeRecord, MAX_PLACE_COUNT,
+};
+use crate::placer::{self, name_seed, Placement};
 
 impl ClusterState {
     /// The volumes whose placement [`ClusterState::restored_placement`]
@@ -187,19 +188,6 @@ impl ClusterState {
 
     fn node_state(&self, node: NodeId) -> Option<NodeState> {
         self.nodes.get(&node).map(|record| record.state)
-    }
-
-    pub(crate) fn restore_placement(&mut self, name: VolumeName) -> Result<Reply, CommandError> {
-        let volume = self.live_volume(&name)?;
-        let Some(placement) = self.restored_placement(volume) else {
-            return Ok(Reply::Done);
-        };
-        let volume = self
-            .volumes
-            .get_mut(&name)
-            .expect("found by live_volume above");
-        apply_placement(volume, &placement);
-        Ok(Reply::Volume(Box::new(volume.clone())))
     }
 }
 
