@@ -5,11 +5,10 @@
 //! pinned (dirty) until a checkpoint has written them, so a page is never
 //! re-read from disk while the disk copy is older than memory.
 
+use crate::disk::Disk;
 use crate::layout::{Layout, BLOCK_BYTES};
 use std::collections::{HashMap, VecDeque};
-use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
 
 const CRCS_PER_PAGE: u64 = BLOCK_BYTES / 4;
 /// Pages cached before clean ones are evicted: 64 MiB, the checksums of
@@ -51,11 +50,11 @@ impl ChecksumTable {
         layout.checksum_offset + page * BLOCK_BYTES
     }
 
-    fn load(&mut self, file: &File, layout: &Layout, page: u64) -> io::Result<&mut Page> {
+    fn load(&mut self, disk: &dyn Disk, layout: &Layout, page: u64) -> io::Result<&mut Page> {
         if !self.pages.contains_key(&page) {
             self.evict_if_full();
             let mut bytes = vec![0u8; BLOCK_BYTES as usize];
-            file.read_exact_at(&mut bytes, Self::page_offset(layout, page))?;
+            disk.read_at(&mut bytes, Self::page_offset(layout, page))?;
             let crcs = bytes
                 .chunks_exact(4)
                 .map(|four| u32::from_le_bytes(four.try_into().expect("4 bytes")))
@@ -90,19 +89,24 @@ impl ChecksumTable {
         }
     }
 
-    pub fn get(&mut self, file: &File, layout: &Layout, physical_block: u64) -> io::Result<u32> {
-        let page = self.load(file, layout, physical_block / CRCS_PER_PAGE)?;
+    pub fn get(
+        &mut self,
+        disk: &dyn Disk,
+        layout: &Layout,
+        physical_block: u64,
+    ) -> io::Result<u32> {
+        let page = self.load(disk, layout, physical_block / CRCS_PER_PAGE)?;
         Ok(page.crcs[(physical_block % CRCS_PER_PAGE) as usize])
     }
 
     pub fn set(
         &mut self,
-        file: &File,
+        disk: &dyn Disk,
         layout: &Layout,
         physical_block: u64,
         crc: u32,
     ) -> io::Result<()> {
-        let page = self.load(file, layout, physical_block / CRCS_PER_PAGE)?;
+        let page = self.load(disk, layout, physical_block / CRCS_PER_PAGE)?;
         page.crcs[(physical_block % CRCS_PER_PAGE) as usize] = crc;
         page.dirty = true;
         page.version += 1;
@@ -129,9 +133,9 @@ impl ChecksumTable {
         writes
     }
 
-    pub fn write_pages(file: &File, layout: &Layout, writes: &[PageWrite]) -> io::Result<()> {
+    pub fn write_pages(disk: &dyn Disk, layout: &Layout, writes: &[PageWrite]) -> io::Result<()> {
         for write in writes {
-            file.write_all_at(&write.bytes, Self::page_offset(layout, write.page))?;
+            disk.write_at(&write.bytes, Self::page_offset(layout, write.page))?;
         }
         Ok(())
     }

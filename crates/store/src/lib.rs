@@ -12,6 +12,8 @@
 //! - [`error`]: `StoreError`, one enum for every pool and volume operation.
 //! - `layout`: the superblock and where each region starts.
 //! - `device`: opening, creating, sizing and locking the pool's device.
+//! - [`disk`]: [`Disk`], the seam every device read, write and flush goes
+//!   through, and [`FileDisk`], the real one.
 //! - `probe`: what a path holds, and who uses it, before a pool is made there.
 //! - `journal`: the on-disk record format.
 //! - `record`, `overlay`: records in memory, and which blocks they cover.
@@ -26,6 +28,7 @@
 mod checksums;
 mod chunk_map;
 mod device;
+pub mod disk;
 mod engine;
 pub mod error;
 mod journal;
@@ -37,6 +40,10 @@ mod probe;
 mod record;
 pub mod volume;
 
+pub use disk::{Disk, FileDisk};
+pub use engine::{Background, Step};
 pub use error::StoreError;
-pub use pool::{JournalStats, Pool, PoolConfig, PoolInfo, ScanReport, SnapshotInfo, VolumeInfo};
+pub use pool::{
+    JournalStats, Pool, PoolConfig, PoolInfo, PoolOnDisk, ScanReport, SnapshotInfo, VolumeInfo,
+};
 pub use volume::{SnapshotView, Volume};

@@ -10,7 +10,7 @@
 
 use crate::chunk_map::ChunkEntry;
 use crate::StoreError;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Builder, Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use trireme_types::{DeviceClass, PoolId, PoolName, SnapshotId, VolumeId, VolumeName};
@@ -159,6 +159,26 @@ impl Metadata {
             ));
         }
         let database = db!("create", Database::create(path));
+        Metadata::initialise(database, path, pool)
+    }
+
+    /// A new database on `backend` (a simulated disk), which must be empty;
+    /// `label` names it in messages.
+    pub fn create_on(
+        backend: impl redb::StorageBackend,
+        label: &Path,
+        pool: &PoolRecord,
+    ) -> Result<Metadata, StoreError> {
+        let database = db!("create", Builder::new().create_with_backend(backend));
+        Metadata::initialise(database, label, pool)
+    }
+
+    /// Writes a new pool's tables: its record and the first checkpoint.
+    fn initialise(
+        database: Database,
+        path: &Path,
+        pool: &PoolRecord,
+    ) -> Result<Metadata, StoreError> {
         let metadata = Metadata {
             database,
             path: path.to_path_buf(),
@@ -202,6 +222,19 @@ impl Metadata {
             ));
         }
         let database = db!("open", Database::open(path));
+        Metadata::load_from(database, path)
+    }
+
+    /// Opens the database on `backend` (a simulated disk).
+    pub fn open_on(
+        backend: impl redb::StorageBackend,
+        label: &Path,
+    ) -> Result<(Metadata, Loaded), StoreError> {
+        let database = db!("open", Builder::new().create_with_backend(backend));
+        Metadata::load_from(database, label)
+    }
+
+    fn load_from(database: Database, path: &Path) -> Result<(Metadata, Loaded), StoreError> {
         let metadata = Metadata {
             database,
             path: path.to_path_buf(),
@@ -214,7 +247,7 @@ impl Metadata {
         &self.path
     }
 
-    fn load(&self) -> Result<Loaded, StoreError> {
+    pub fn load(&self) -> Result<Loaded, StoreError> {
         let corrupt =
             |what: &str| StoreError::metadata("load", format!("{what} is missing or damaged"));
         let transaction = db!("begin load", self.database.begin_read());

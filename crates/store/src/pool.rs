@@ -2,11 +2,14 @@
 
 use crate::chunk_map::ChunkEntry;
 use crate::device::{
-    allocate_space, device_size, file_is_block_device, fill_zeros, host_bytes, lock_exclusive,
-    open_or_create_device, random_u128,
+    allocate_space, file_is_block_device, fill_zeros, lock_exclusive, open_or_create_device,
+    random_u128,
 };
+use crate::disk::{Disk, FileDisk};
 use crate::engine::View;
-use crate::engine::{open_engine, run_applier, run_journal_writer, Engine, VolumeState};
+use crate::engine::{
+    open_engine, run_applier, run_journal_writer, Background, Engine, Step, VolumeState,
+};
 use crate::layout::{Layout, Superblock, CHUNK_BYTES, SUPERBLOCK_BYTES};
 use crate::metadata::{Metadata, PoolRecord, SnapshotRecord, VolumeRecord};
 use crate::volume::SnapshotView;
@@ -113,6 +116,17 @@ pub struct SnapshotInfo {
     pub shared_bytes: u64,
 }
 
+/// How to make a pool on a [`Disk`] of the caller's ([`Pool::create_on`]).
+#[derive(Debug, Clone)]
+pub struct PoolOnDisk {
+    pub name: PoolName,
+    pub id: PoolId,
+    pub class: DeviceClass,
+    /// The pool's identity; its halves salt the journal records. Chosen by
+    /// the caller so that a simulated run is the same for one seed.
+    pub uuid: u128,
+}
+
 /// What a full scan of a pool found: accounting recomputed from the chunk
 /// maps and every written block checked against its checksum.
 #[derive(Debug, Clone, Serialize)]
@@ -217,24 +231,8 @@ impl Pool {
                 )
             })?;
         lock_exclusive(&file, device_path)?;
-        let mut block = vec![0u8; SUPERBLOCK_BYTES as usize];
-        file.read_exact_at(&mut block, 0)
-            .map_err(|_| StoreError::NotAPool {
-                path: device_path.to_path_buf(),
-                reason: "too short to hold a superblock".into(),
-            })?;
-        let superblock = Superblock::decode(device_path, &block)?;
-        let actual_bytes =
-            device_size(&file).map_err(|error| StoreError::io("sizing the pool device", error))?;
-        if actual_bytes < superblock.layout.device_bytes {
-            return Err(StoreError::NotAPool {
-                path: device_path.to_path_buf(),
-                reason: format!(
-                    "device is {actual_bytes} bytes but the pool was made for {}",
-                    superblock.layout.device_bytes
-                ),
-            });
-        }
+        let disk: Arc<dyn Disk> = Arc::new(FileDisk::new(file));
+        let superblock = read_superblock(&*disk, device_path)?;
         let (metadata, loaded) = Metadata::open(metadata_path)?;
         if loaded.pool.uuid != superblock.pool_uuid {
             return Err(StoreError::MetadataMismatch {
@@ -242,26 +240,119 @@ impl Pool {
                 metadata: metadata_path.to_path_buf(),
             });
         }
+        Pool::start(disk, superblock, metadata, loaded, Background::Threads)
+    }
+
+    /// Makes a pool on `disk` (of any kind; the simulator's) with its
+    /// metadata database on `metadata`, which must be empty. `label`
+    /// stands for the device's path in the pool's record and in messages.
+    pub fn create_on(
+        disk: Arc<dyn Disk>,
+        metadata: impl redb::StorageBackend,
+        label: &Path,
+        config: PoolOnDisk,
+        background: Background,
+    ) -> Result<Arc<Pool>, StoreError> {
+        let device_bytes = disk
+            .size()
+            .map_err(|error| StoreError::io("sizing the pool device", error))?;
+        let layout = Layout::compute(device_bytes)?;
+        let superblock = Superblock {
+            pool_uuid: config.uuid,
+            layout,
+        };
+        let record = PoolRecord {
+            uuid: superblock.pool_uuid,
+            name: config.name,
+            id: config.id,
+            class: config.class,
+            device_path: label.to_path_buf(),
+            created_file: false,
+            preallocated: false,
+        };
+        let metadata = Metadata::create_on(metadata, label, &record)?;
+        // As in `create`: the superblock last, once the metadata exists.
+        disk.write_at(&superblock.encode(), 0)
+            .and_then(|()| disk.sync_data())
+            .map_err(|error| StoreError::io("writing the superblock", error))?;
+        let loaded = metadata.load()?;
+        Pool::start(disk, superblock, metadata, loaded, background)
+    }
+
+    /// Opens the pool on `disk` with its metadata on `metadata`: replays
+    /// the journal like [`Pool::open`].
+    pub fn open_on(
+        disk: Arc<dyn Disk>,
+        metadata: impl redb::StorageBackend,
+        label: &Path,
+        background: Background,
+    ) -> Result<Arc<Pool>, StoreError> {
+        let superblock = read_superblock(&*disk, label)?;
+        let (metadata, loaded) = Metadata::open_on(metadata, label)?;
+        if loaded.pool.uuid != superblock.pool_uuid {
+            return Err(StoreError::MetadataMismatch {
+                path: label.to_path_buf(),
+                metadata: label.to_path_buf(),
+            });
+        }
+        Pool::start(disk, superblock, metadata, loaded, background)
+    }
+
+    /// Replays the journal and starts the background work.
+    fn start(
+        disk: Arc<dyn Disk>,
+        superblock: Superblock,
+        metadata: Metadata,
+        loaded: crate::metadata::Loaded,
+        background: Background,
+    ) -> Result<Arc<Pool>, StoreError> {
         let record = loaded.pool.clone();
+        let actual_bytes = disk
+            .size()
+            .map_err(|error| StoreError::io("sizing the pool device", error))?;
+        if actual_bytes < superblock.layout.device_bytes {
+            return Err(StoreError::NotAPool {
+                path: record.device_path.clone(),
+                reason: format!(
+                    "device is {actual_bytes} bytes but the pool was made for {}",
+                    superblock.layout.device_bytes
+                ),
+            });
+        }
         let salt = (superblock.pool_uuid as u64) ^ ((superblock.pool_uuid >> 64) as u64);
-        let engine = open_engine(file, superblock.layout, salt, metadata, loaded)?;
+        let engine = open_engine(disk, background, superblock.layout, salt, metadata, loaded)?;
         let mut threads = Vec::new();
-        for (role, body) in [
-            ("apply", run_applier as fn(Arc<Engine>)),
-            ("journal", run_journal_writer as fn(Arc<Engine>)),
-        ] {
-            let thread_engine = engine.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("{role}-{}", record.name))
-                .spawn(move || body(thread_engine))
-                .map_err(|error| StoreError::io(format!("starting the {role} thread"), error))?;
-            threads.push(handle);
+        if background == Background::Threads {
+            for (role, body) in [
+                ("apply", run_applier as fn(Arc<Engine>)),
+                ("journal", run_journal_writer as fn(Arc<Engine>)),
+            ] {
+                let thread_engine = engine.clone();
+                let handle = std::thread::Builder::new()
+                    .name(format!("{role}-{}", record.name))
+                    .spawn(move || body(thread_engine))
+                    .map_err(|error| {
+                        StoreError::io(format!("starting the {role} thread"), error)
+                    })?;
+                threads.push(handle);
+            }
         }
         Ok(Arc::new(Pool {
             engine,
             record,
             threads: Mutex::new(threads),
         }))
+    }
+
+    /// Runs one step of the background work of a pool opened with
+    /// [`Background::Inline`]; false when it had nothing to do.
+    pub fn step(&self, step: Step) -> Result<bool, StoreError> {
+        if self.engine.background != Background::Inline {
+            return Err(StoreError::Fatal(
+                "background steps are for pools without background threads".into(),
+            ));
+        }
+        self.engine.step(step)
     }
 
     pub fn name(&self) -> &PoolName {
@@ -284,7 +375,7 @@ impl Pool {
             capacity_bytes: self.engine.layout.capacity_bytes(),
             allocated_bytes: state.allocator.used_count() * CHUNK_BYTES,
             free_bytes: state.allocator.free_count() * CHUNK_BYTES,
-            host_bytes: host_bytes(&self.engine.file).ok(),
+            host_bytes: self.engine.disk.host_bytes().ok(),
             provisioned_bytes,
             volume_count,
             journal_bytes: self.engine.layout.journal_bytes,
@@ -658,6 +749,13 @@ impl Pool {
             self.engine.applier_wake.notify_all();
             self.engine.journal_wake.notify_all();
         }
+        if self.engine.background == Background::Inline {
+            // What the threads would do before they end: write, apply
+            // and checkpoint everything.
+            if let Err(error) = self.engine.run_background_inline() {
+                tracing::warn!(pool = %self.record.name, %error, "finishing the background work failed");
+            }
+        }
         let threads: Vec<_> = self
             .threads
             .lock()
@@ -688,9 +786,9 @@ impl Pool {
         let _ = self.shutdown();
         let path = &self.record.device_path;
         self.engine
-            .file
-            .write_all_at(&[0u8; SUPERBLOCK_BYTES as usize], 0)
-            .and_then(|()| self.engine.file.sync_all())
+            .disk
+            .write_at(&[0u8; SUPERBLOCK_BYTES as usize], 0)
+            .and_then(|()| self.engine.disk.sync_data())
             .map_err(|error| {
                 StoreError::io(
                     format!("wiping the superblock of {}", path.display()),
@@ -736,6 +834,17 @@ impl Pool {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// The superblock at the start of `disk`; `path` names it in errors.
+fn read_superblock(disk: &dyn Disk, path: &Path) -> Result<Superblock, StoreError> {
+    let mut block = vec![0u8; SUPERBLOCK_BYTES as usize];
+    disk.read_at(&mut block, 0)
+        .map_err(|_| StoreError::NotAPool {
+            path: path.to_path_buf(),
+            reason: "too short to hold a superblock".into(),
+        })?;
+    Superblock::decode(path, &block)
 }
 
 /// The maps of a pool, sorted, for the scan.

@@ -15,12 +15,10 @@
 use super::{Engine, SnapshotState, State};
 use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
 use crate::chunk_map::ChunkEntry;
-use crate::device::punch_hole;
 use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES, CHUNK_BYTES};
 use crate::metadata::{Changes, Checkpoint, SnapshotRecord};
 use crate::record::{Record, RecordBody};
 use crate::StoreError;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,25 +43,6 @@ pub(super) const WRITEBACK_WAIT_BYTES: u64 = 32 << 20;
 pub struct Writeback {
     started_bytes: u64,
     range: Option<(u64, u64)>,
-}
-
-/// `sync_file_range(2)` over `[from, to)` of `file`.
-fn sync_range(file: &std::fs::File, from: u64, to: u64, flags: u32) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: plain system call on an open descriptor.
-    let result = unsafe {
-        libc::sync_file_range(
-            file.as_raw_fd(),
-            from as libc::off64_t,
-            (to - from) as libc::off64_t,
-            flags,
-        )
-    };
-    if result == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 /// Drops the blocks of `writes` that a later write of the same pass writes
@@ -110,7 +89,9 @@ enum Batch {
     NeedsCheckpoint,
 }
 
-/// Takes every change since the last checkpoint out of the dirty sets.
+/// Takes every change since the last checkpoint out of the dirty sets, in
+/// key order: the same changes make the same transaction, so a simulated
+/// run does not depend on the sets' hashing.
 fn collect_changes(state: &mut State) -> Changes {
     let live = |state: &State, volume: &trireme_types::VolumeId| {
         state
@@ -119,13 +100,15 @@ fn collect_changes(state: &mut State) -> Changes {
             .filter(|volume| !volume.deleted)
             .is_some()
     };
-    let chunk_keys: Vec<_> = state.dirty_chunks.drain().collect();
+    let mut chunk_keys: Vec<_> = state.dirty_chunks.drain().collect();
+    chunk_keys.sort_unstable();
     let chunks = chunk_keys
         .into_iter()
         .filter(|(volume, _)| live(state, volume))
         .map(|(volume, chunk)| ((volume, chunk), state.volumes[&volume].map.get(chunk)))
         .collect();
-    let saved_keys: Vec<_> = state.dirty_saved.drain().collect();
+    let mut saved_keys: Vec<_> = state.dirty_saved.drain().collect();
+    saved_keys.sort_unstable();
     let saved = saved_keys
         .into_iter()
         .filter(|(volume, _, _)| live(state, volume))
@@ -139,7 +122,8 @@ fn collect_changes(state: &mut State) -> Changes {
             ))
         })
         .collect();
-    let refcount_keys: Vec<_> = state.dirty_refcounts.drain().collect();
+    let mut refcount_keys: Vec<_> = state.dirty_refcounts.drain().collect();
+    refcount_keys.sort_unstable();
     let refcounts = refcount_keys
         .into_iter()
         .map(|physical| {
@@ -149,7 +133,8 @@ fn collect_changes(state: &mut State) -> Changes {
             )
         })
         .collect();
-    let snapshot_keys: Vec<_> = state.dirty_snapshots.drain().collect();
+    let mut snapshot_keys: Vec<_> = state.dirty_snapshots.drain().collect();
+    snapshot_keys.sort_unstable();
     let snapshots = snapshot_keys
         .into_iter()
         .filter(|(volume, _)| live(state, volume))
@@ -161,7 +146,8 @@ fn collect_changes(state: &mut State) -> Changes {
             ((volume, snapshot), record)
         })
         .collect();
-    let volume_keys: Vec<_> = state.dirty_volumes.drain().collect();
+    let mut volume_keys: Vec<_> = state.dirty_volumes.drain().collect();
+    volume_keys.sort_unstable();
     let volumes = volume_keys
         .into_iter()
         .map(|volume| {
@@ -420,7 +406,7 @@ impl Engine {
             let block = BLOCK_BYTES as usize;
             let bytes =
                 &data[write.first_index * block..(write.first_index + write.blocks) * block];
-            if let Err(error) = self.file.write_all_at(bytes, write.device_offset) {
+            if let Err(error) = self.disk.write_at(bytes, write.device_offset) {
                 let reason = format!(
                     "in-place write at byte {} failed: {error}",
                     write.device_offset
@@ -552,7 +538,7 @@ impl Engine {
                         let physical_block = entry.physical as u64 * BLOCKS_PER_CHUNK + bit;
                         state
                             .checksums
-                            .set(&self.file, &self.layout, physical_block, block_crcs[index])
+                            .set(&*self.disk, &self.layout, physical_block, block_crcs[index])
                             .map_err(|error| format!("loading checksums failed: {error}"))?;
                         let device_offset = self.layout.data_block_offset(physical_block);
                         match writes.last_mut() {
@@ -643,8 +629,12 @@ impl Engine {
             let to_block = entry.physical as u64 * BLOCKS_PER_CHUNK + bit;
             state
                 .checksums
-                .get(&self.file, &self.layout, from_block)
-                .and_then(|crc| state.checksums.set(&self.file, &self.layout, to_block, crc))
+                .get(&*self.disk, &self.layout, from_block)
+                .and_then(|crc| {
+                    state
+                        .checksums
+                        .set(&*self.disk, &self.layout, to_block, crc)
+                })
                 .map_err(|error| format!("loading checksums failed: {error}"))?;
             match copies.last_mut() {
                 Some(last)
@@ -690,7 +680,7 @@ impl Engine {
         let Some((from, to)) = span else {
             return Ok(());
         };
-        sync_range(&self.file, from, to, libc::SYNC_FILE_RANGE_WRITE)?;
+        self.disk.start_writeback(from, to)?;
         let mut writeback = self
             .writeback
             .lock()
@@ -701,14 +691,7 @@ impl Engine {
             .map_or((from, to), |(low, high)| (low.min(from), high.max(to)));
         writeback.range = Some((low, high));
         if writeback.started_bytes >= WRITEBACK_WAIT_BYTES {
-            sync_range(
-                &self.file,
-                low,
-                high,
-                libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                    | libc::SYNC_FILE_RANGE_WRITE
-                    | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-            )?;
+            self.disk.wait_writeback(low, high)?;
             *writeback = Writeback::default();
         }
         Ok(())
@@ -716,10 +699,10 @@ impl Engine {
 
     fn copy_blocks(&self, copy: &CopyBlocks) -> std::io::Result<()> {
         let mut data = vec![0u8; (copy.blocks * BLOCK_BYTES) as usize];
-        self.file
-            .read_exact_at(&mut data, self.layout.data_block_offset(copy.from_block))?;
-        self.file
-            .write_all_at(&data, self.layout.data_block_offset(copy.to_block))
+        self.disk
+            .read_at(&mut data, self.layout.data_block_offset(copy.from_block))?;
+        self.disk
+            .write_at(&data, self.layout.data_block_offset(copy.to_block))
     }
 
     /// Points whole chunks at their fresh chunks; the entries they replace
@@ -757,7 +740,7 @@ impl Engine {
                 let crc = block_crcs[index * BLOCKS_PER_CHUNK as usize + bit as usize];
                 state
                     .checksums
-                    .set(&self.file, &self.layout, physical_block, crc)
+                    .set(&*self.disk, &self.layout, physical_block, crc)
                     .map_err(|error| format!("loading checksums failed: {error}"))?;
             }
         }
@@ -800,8 +783,8 @@ impl Engine {
             };
             (changes, state.checksums.collect_dirty(), checkpoint, freed)
         };
-        let result = ChecksumTable::write_pages(&self.file, &self.layout, &pages)
-            .and_then(|()| self.file.sync_data())
+        let result = ChecksumTable::write_pages(&*self.disk, &self.layout, &pages)
+            .and_then(|()| self.disk.sync_data())
             .map_err(|error| StoreError::io("writing checksums for a checkpoint", error))
             .and_then(|()| self.metadata.checkpoint(&changes, checkpoint));
         let mut state = self.lock();
@@ -867,7 +850,7 @@ impl Engine {
         for (first, count) in runs {
             let offset = self.layout.data_offset + *first as u64 * CHUNK_BYTES;
             let length = *count as u64 * CHUNK_BYTES;
-            if let Err(error) = punch_hole(&self.file, offset, length) {
+            if let Err(error) = self.disk.punch_hole(offset, length) {
                 if error.raw_os_error() == Some(libc::EOPNOTSUPP) {
                     tracing::info!(pool = %self.pool_name, "the file system cannot punch holes; freed chunks keep their space in the pool file");
                     self.punch_holes.store(false, Ordering::Relaxed);

@@ -17,8 +17,8 @@ pub fn run_journal_writer(engine: Arc<Engine>) {
     // The helpers that write shares of a large batch's fresh chunks beside
     // this thread (they end, and are joined, when this thread returns).
     let helper = engine
-        .direct
-        .is_some()
+        .disk
+        .parallel_chunk_writes()
         .then(|| spawn_direct_helper(engine.clone()));
     let mut state = engine.lock();
     loop {
@@ -38,18 +38,7 @@ pub fn run_journal_writer(engine: Arc<Engine>) {
             state.journal_idle = false;
             continue;
         }
-        let first_unwritten = (state.written_sequence - state.applied_sequence) as usize;
-        let mut batch = Vec::new();
-        let mut bytes = 0;
-        for record in state.unapplied.range(first_unwritten..) {
-            batch.push(record.clone());
-            bytes += record.data_bytes();
-            // The record after a pad starts the next lap: not contiguous.
-            let full = batch.len() >= JOURNAL_BATCH_MAX_RECORDS || bytes >= JOURNAL_BATCH_MAX_BYTES;
-            if full || matches!(record.body, RecordBody::Pad) {
-                break;
-            }
-        }
+        let batch = next_batch(&state);
         state.writing = true;
         drop(state);
         let written;
@@ -59,6 +48,48 @@ pub fn run_journal_writer(engine: Arc<Engine>) {
             state = engine.sync_eagerly(state);
         }
         engine.changed.notify_all();
+    }
+}
+
+/// The records to write next: those after the written sequence, up to a
+/// batch's bounds, ending at a pad (the record after it starts the next
+/// lap, so it is not contiguous).
+fn next_batch(state: &State) -> Vec<Arc<Record>> {
+    let first_unwritten = (state.written_sequence - state.applied_sequence) as usize;
+    let mut batch = Vec::new();
+    let mut bytes = 0;
+    for record in state.unapplied.range(first_unwritten..) {
+        batch.push(record.clone());
+        bytes += record.data_bytes();
+        let full = batch.len() >= JOURNAL_BATCH_MAX_RECORDS || bytes >= JOURNAL_BATCH_MAX_BYTES;
+        if full || matches!(record.body, RecordBody::Pad) {
+            break;
+        }
+    }
+    batch
+}
+
+impl Engine {
+    /// The journal writer's work, on the caller's thread ([`Background::Inline`]):
+    /// writes the next batch of unwritten records. False when there was
+    /// none to write, another thread holds the writing role, or the pool
+    /// failed.
+    ///
+    /// [`Background::Inline`]: super::Background::Inline
+    pub(super) fn write_journal_inline<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+    ) -> (MutexGuard<'a, State>, bool) {
+        let unwritten = state.next_sequence - 1 - state.written_sequence;
+        if state.failed.is_some() || state.writing || unwritten == 0 {
+            return (state, false);
+        }
+        let batch = next_batch(&state);
+        state.writing = true;
+        drop(state);
+        let (state, written) = self.write_in_role(&batch, None);
+        self.changed.notify_all();
+        (state, written.is_ok())
     }
 }
 
@@ -91,7 +122,6 @@ impl Engine {
 /// Records per journal batch: two iovecs each, within the kernel's IOV_MAX.
 const JOURNAL_BATCH_MAX_RECORDS: usize = 512;
 const JOURNAL_BATCH_MAX_BYTES: u64 = 8 << 20;
-const IOV_MAX: usize = 1024;
 
 impl Engine {
     /// Writes `batch`, the records right after the written sequence, for
@@ -219,11 +249,8 @@ impl Engine {
                 _ => {}
             }
         }
-        write_all_vectored_at(
-            &self.file,
-            &mut slices,
-            self.journal_physical(batch[0].position),
-        )
+        self.disk
+            .write_vectored_at(&mut slices, self.journal_physical(batch[0].position))
     }
 
     /// Writes the batch's whole chunks to their fresh chunks, one system
@@ -246,15 +273,7 @@ impl Engine {
                 .iter()
                 .map(|fresh| IoSlice::new(fresh.data()))
                 .collect();
-            let file = match &self.direct {
-                Some(direct) => {
-                    debug_assert!(slices.iter().all(|slice| (slice.as_ptr() as usize)
-                        .is_multiple_of(trireme_types::BlockBuf::ALIGN)));
-                    direct
-                }
-                None => &self.file,
-            };
-            write_all_vectored_at(file, &mut slices, offset)?;
+            self.disk.write_chunks_at(&mut slices, offset)?;
             start = end;
         }
         Ok(())
@@ -332,42 +351,4 @@ fn spawn_direct_helper(engine: Arc<Engine>) -> DirectHelper {
         }
     }
     helper
-}
-
-/// `pwritev` until every slice is written.
-fn write_all_vectored_at(
-    file: &std::fs::File,
-    mut slices: &mut [IoSlice<'_>],
-    mut offset: u64,
-) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    while !slices.is_empty() {
-        let count = slices.len().min(IOV_MAX);
-        // SAFETY: IoSlice is ABI-compatible with iovec, and the slices live
-        // for the whole call.
-        let written = unsafe {
-            libc::pwritev(
-                file.as_raw_fd(),
-                slices.as_ptr() as *const libc::iovec,
-                count as libc::c_int,
-                offset as libc::off_t,
-            )
-        };
-        if written < 0 {
-            let error = std::io::Error::last_os_error();
-            if error.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(error);
-        }
-        if written == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::WriteZero,
-                "pwritev wrote nothing",
-            ));
-        }
-        offset += written as u64;
-        IoSlice::advance_slices(&mut slices, written as usize);
-    }
-    Ok(())
 }

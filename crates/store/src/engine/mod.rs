@@ -16,25 +16,41 @@ mod journal_writer;
 mod read;
 mod replay;
 mod snapshot;
+mod steps;
 mod write;
 
 pub use apply::run_applier;
 pub use journal_writer::run_journal_writer;
 pub use read::View;
 pub use replay::open_engine;
+pub use steps::Step;
 
 use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
 use crate::chunk_map::ChunkEntry;
 use crate::chunk_map::{Allocator, VolumeMap};
+use crate::disk::Disk;
 use crate::layout::Layout;
 use crate::metadata::{Metadata, SnapshotRecord, VolumeRecord};
 use crate::overlay::Overlay;
 use crate::record::Record;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use trireme_types::{PoolName, SnapshotId, TargetError, VolumeId};
+
+/// Who does a pool's background work: writing admitted records to the
+/// journal, applying durable ones in place, checkpointing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Background {
+    /// Their own threads, woken by the write path and by timers
+    /// (production).
+    Threads,
+    /// No threads: the owner runs each step when it chooses
+    /// ([`crate::Pool::step`]), and a caller that would wait for one does
+    /// it on its own thread. The simulator drives a pool this way, so one
+    /// seed gives one order of events.
+    Inline,
+}
 
 /// Data of records not yet applied in place, held in memory for reads and
 /// for the applier. Writers wait when it is reached.
@@ -325,14 +341,11 @@ impl State {
 
 pub struct Engine {
     pub pool_name: PoolName,
-    pub file: File,
-    /// The same device opened with `O_DIRECT`, for whole fresh chunks: a
-    /// stream of them (a copy, a restore, a sequential write) goes to the
-    /// device without a copy into the page cache, which was the single
-    /// biggest cost of large writes. `None` where the file system refuses
-    /// `O_DIRECT` (tmpfs before Linux 6.6, some FUSE ones): those writes
-    /// stay buffered.
-    pub direct: Option<File>,
+    /// The device: every read, write and flush of it goes through here.
+    pub disk: Arc<dyn Disk>,
+    /// Who runs the journal writer and the applier: their threads, or
+    /// the caller (the simulator, and waits in the write path).
+    pub background: Background,
     pub layout: Layout,
     /// Ties journal records to this pool, so records left on a reused
     /// device by an earlier pool never replay.

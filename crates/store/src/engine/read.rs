@@ -12,7 +12,6 @@ use super::{Engine, State};
 use crate::chunk_map::ChunkEntry;
 use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
 use crate::record::{Record, RecordBody};
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use trireme_types::{BlockStatusExtent, SnapshotId, TargetError, VolumeId};
@@ -237,7 +236,7 @@ impl Engine {
                             physical as u64 * BLOCKS_PER_CHUNK + block % BLOCKS_PER_CHUNK;
                         let crc = state
                             .checksums
-                            .get(&self.file, &self.layout, physical_block)
+                            .get(&*self.disk, &self.layout, physical_block)
                             .map_err(|error| {
                                 TargetError::Device(format!("reading checksums: {error}"))
                             })?;
@@ -343,15 +342,13 @@ impl Engine {
                     let target = &mut buffer[at..at + bytes];
                     let device_offset = self.layout.data_block_offset(*physical_block);
                     if nowait {
-                        if !read_cached_at(&self.file, target, device_offset) {
+                        if !self.disk.try_read_at_nowait(target, device_offset) {
                             return Ok(None);
                         }
                     } else {
-                        self.file
-                            .read_exact_at(target, device_offset)
-                            .map_err(|error| {
-                                TargetError::Device(format!("reading pool data: {error}"))
-                            })?;
+                        self.disk.read_at(target, device_offset).map_err(|error| {
+                            TargetError::Device(format!("reading pool data: {error}"))
+                        })?;
                     }
                     for (index, data) in target.chunks_exact(block_size).enumerate() {
                         let expected = plan.crcs[crcs_from + index];
@@ -494,28 +491,6 @@ impl Source {
             Source::Snapshot(index) => volume.snapshot_entry(index, chunk),
         }
     }
-}
-
-/// Reads `buffer.len()` bytes only if all are in the page cache
-/// (`RWF_NOWAIT`); false otherwise, including on any error, which the
-/// blocking path then meets and reports.
-fn read_cached_at(file: &std::fs::File, buffer: &mut [u8], offset: u64) -> bool {
-    use std::os::fd::AsRawFd;
-    let iovec = libc::iovec {
-        iov_base: buffer.as_mut_ptr() as *mut libc::c_void,
-        iov_len: buffer.len(),
-    };
-    // SAFETY: the iovec points into `buffer`, alive and exclusive for the call.
-    let read = unsafe {
-        libc::preadv2(
-            file.as_raw_fd(),
-            &iovec,
-            1,
-            offset as libc::off_t,
-            libc::RWF_NOWAIT,
-        )
-    };
-    read >= 0 && read as usize == buffer.len()
 }
 
 fn push_zero(plan: &mut Plan, blocks: u64) {

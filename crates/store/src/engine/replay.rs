@@ -10,8 +10,10 @@
 //! before accepting writes, so leftovers after the end can never be taken for
 //! records later.
 
+use super::Background;
 use super::{Engine, SnapshotState, State, VolumeState};
 use crate::chunk_map::ChunkEntry;
+use crate::disk::Disk;
 use crate::journal::{
     block_crcs, data_crc, decode_redirect_payload, decode_snapshot_payload, RecordHeader,
     RecordKind, HEADER_BYTES, SNAPSHOT_PAYLOAD_BYTES,
@@ -22,14 +24,13 @@ use crate::metadata::{Loaded, Metadata};
 use crate::record::{Record, RecordBody};
 use crate::StoreError;
 use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex};
 use trireme_types::VolumeId;
 
 pub fn open_engine(
-    file: File,
+    disk: Arc<dyn Disk>,
+    background: Background,
     layout: Layout,
     pool_salt: u64,
     metadata: Metadata,
@@ -136,13 +137,11 @@ pub fn open_engine(
     state.written_sequence = state.applied_sequence;
     state.durable_sequence = state.applied_sequence;
     state.checkpoint_epoch = checkpoint.epoch;
-    let direct = crate::device::open_direct(&file);
-    crate::device::advise_random_access(&file);
-    let punch_holes = !loaded.pool.preallocated && !crate::device::file_is_block_device(&file);
+    let punch_holes = !loaded.pool.preallocated && disk.can_punch_holes();
     let engine = Arc::new(Engine {
         pool_name: loaded.pool.name.clone(),
-        file,
-        direct,
+        disk,
+        background,
         layout,
         pool_salt,
         epoch: checkpoint.epoch + 1,
@@ -191,8 +190,8 @@ impl Engine {
             if *physical as u64 >= self.layout.chunk_count || state.allocator.is_used(*physical) {
                 return Ok(false);
             }
-            self.file
-                .read_exact_at(
+            self.disk
+                .read_at(
                     &mut data,
                     self.layout.data_offset + *physical as u64 * CHUNK_BYTES,
                 )
@@ -221,8 +220,8 @@ impl Engine {
             }
             let physical = self.journal_physical(position);
             let mut header_bytes = [0u8; HEADER_BYTES as usize];
-            self.file
-                .read_exact_at(&mut header_bytes, physical)
+            self.disk
+                .read_at(&mut header_bytes, physical)
                 .map_err(|error| StoreError::io("reading the journal", error))?;
             let Some(header) = RecordHeader::decode(&header_bytes) else {
                 break;
@@ -238,8 +237,8 @@ impl Engine {
                 RecordKind::Pad => (RecordBody::Pad, lap_left),
                 RecordKind::Snapshot if header.journal_bytes() <= lap_left => {
                     let mut payload = vec![0u8; SNAPSHOT_PAYLOAD_BYTES as usize];
-                    self.file
-                        .read_exact_at(&mut payload, physical + HEADER_BYTES)
+                    self.disk
+                        .read_at(&mut payload, physical + HEADER_BYTES)
                         .map_err(|error| StoreError::io("reading the journal", error))?;
                     if crc32c::crc32c(&payload) != header.data_crc {
                         break;
@@ -261,8 +260,8 @@ impl Engine {
                     if header.block_count > 0 && header.journal_bytes() <= lap_left =>
                 {
                     let mut data = trireme_types::BlockBuf::zeroed(header.data_bytes() as usize);
-                    self.file
-                        .read_exact_at(&mut data, physical + HEADER_BYTES)
+                    self.disk
+                        .read_at(&mut data, physical + HEADER_BYTES)
                         .map_err(|error| StoreError::io("reading the journal", error))?;
                     let crcs = block_crcs(&data);
                     if data_crc(&crcs) != header.data_crc {
@@ -281,8 +280,8 @@ impl Engine {
                     if header.block_count > 0 && header.journal_bytes() <= lap_left =>
                 {
                     let mut payload = vec![0u8; header.data_bytes() as usize];
-                    self.file
-                        .read_exact_at(&mut payload, physical + HEADER_BYTES)
+                    self.disk
+                        .read_at(&mut payload, physical + HEADER_BYTES)
                         .map_err(|error| StoreError::io("reading the journal", error))?;
                     if crc32c::crc32c(&payload) != header.data_crc {
                         break;

@@ -4,7 +4,7 @@
 //! device flush that covers them (group commit: one flush serves every
 //! record written before it started).
 
-use super::{Engine, State};
+use super::{Background, Engine, State};
 use crate::journal::{
     block_crcs, record_journal_bytes, redirect_payload_bytes, RECORD_MAX_DATA_BYTES,
     SNAPSHOT_PAYLOAD_BYTES,
@@ -497,7 +497,14 @@ impl Engine {
         Ok(Admission::Admitted(sequence))
     }
 
-    fn wait_for_applier<'a>(&self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    fn wait_for_applier<'a>(&'a self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        if self.background == Background::Inline {
+            drop(state);
+            if let Err(error) = self.run_background_inline() {
+                tracing::warn!(pool = %self.pool_name, %error, "background work failed");
+            }
+            return self.lock();
+        }
         self.wake_applier(&mut state);
         self.wait(state)
     }
@@ -536,6 +543,15 @@ impl Engine {
                 return Ok(());
             }
             if state.written_sequence < sequence || state.flushing {
+                if self.background == Background::Inline && !state.flushing && !state.writing {
+                    let progressed;
+                    (state, progressed) = self.write_journal_inline(state);
+                    assert!(
+                        progressed || state.failed.is_some(),
+                        "a flush waits for records nobody writes"
+                    );
+                    continue;
+                }
                 state = self.wait(state);
                 continue;
             }
@@ -553,7 +569,7 @@ impl Engine {
         state.flushing = true;
         let covered = state.written_sequence;
         drop(state);
-        let result = self.file.sync_data();
+        let result = self.disk.sync_data();
         let mut state = self.lock();
         state.flushing = false;
         match result {
