@@ -16,7 +16,9 @@
 //! failure found once can be replayed, debugged and turned into a test.
 
 pub mod control;
+pub mod disk;
 pub mod replication;
+pub mod store;
 
 pub use control::{run_control_sim, SimConfig, SimReport};
 pub use replication::{run_replication_sim, ReplicationSimConfig, ReplicationSimReport};
