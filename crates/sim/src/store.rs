@@ -1,0 +1,710 @@
+//! The real store over simulated disks: one seed, one history.
+//!
+//! A run makes a pool with `trireme_store::Pool::create_on` on a
+//! [`SimDisk`] (its metadata database on a second one, as the redb file
+//! sits beside the device in production) and drives it with
+//! [`Background::Inline`]: no threads, the run chooses when the journal
+//! writer writes, when the device is flushed, when the applier applies and
+//! when a checkpoint commits. Between those steps it writes, trims,
+//! flushes, reads, takes and deletes snapshots, crashes both disks (losing,
+//! tearing and reordering what was not synced) and reopens the pool, which
+//! replays its journal; it injects EIO and flips bits in the data.
+//!
+//! It checks the store against a model of each block: the value a
+//! completed flush (or FUA write, or snapshot) made durable, and the values
+//! acknowledged since.
+//! - A read between crashes returns the newest acknowledged value.
+//! - After a crash, a block reads its last flushed value or one written
+//!   after it: never older, never anything else.
+//! - A block whose data or checksum was flipped reads an error or its
+//!   value, never wrong data; other errors only come with an injected one.
+//! - The pool's own scan is clean after recovery (without flips).
+//! - Nothing in the store panics (its assertions included).
+
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use trireme_store::layout::Layout;
+use trireme_store::{Background, Pool, PoolOnDisk, Step, Volume};
+use trireme_types::{BlockBuf, BlockTarget, DeviceClass, PoolId, PoolName, SnapshotId};
+use trireme_types::{TargetError, VolumeName};
+
+use crate::disk::{Faults, SimDisk, SimRedbBackend};
+
+const BLOCK_BYTES: u64 = 4096;
+const BLOCKS_PER_CHUNK: u64 = 16;
+
+/// One run's shape, drawn from its seed by [`StoreSimConfig::for_seed`].
+#[derive(Debug, Clone)]
+pub struct StoreSimConfig {
+    pub steps: usize,
+    pub pool_bytes: u64,
+    pub volumes: usize,
+    pub volume_blocks: u64,
+    /// Chance per step of a crash, per thousand.
+    pub crash_per_thousand: u32,
+    /// Chance per step of a flipped bit in the data or checksums, per
+    /// thousand.
+    pub flip_per_thousand: u32,
+    /// Take and delete snapshots (copy-on-write, saved maps).
+    pub snapshots: bool,
+    /// Random EIO on both disks.
+    pub faults: Faults,
+    pub trace: bool,
+}
+
+impl StoreSimConfig {
+    pub fn for_seed(seed: u64) -> StoreSimConfig {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x7374_6f72_6521_2121);
+        let faulty = rng.gen_bool(0.3);
+        StoreSimConfig {
+            steps: rng.gen_range(150..400),
+            pool_bytes: 16 << 20,
+            volumes: rng.gen_range(1..=2),
+            volume_blocks: rng.gen_range(8..=48) * BLOCKS_PER_CHUNK,
+            crash_per_thousand: rng.gen_range(5..40),
+            flip_per_thousand: if rng.gen_bool(0.3) { 10 } else { 0 },
+            snapshots: rng.gen_bool(0.5),
+            faults: if faulty {
+                Faults {
+                    read_error_per_million: 300,
+                    write_error_per_million: 300,
+                    sync_error_per_million: 1000,
+                }
+            } else {
+                Faults::default()
+            },
+            trace: false,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreSimReport {
+    pub writes: u64,
+    pub trims: u64,
+    pub flushes: u64,
+    pub reads: u64,
+    pub snapshots: u64,
+    pub background_steps: u64,
+    pub crashes: u64,
+    pub pool_failures: u64,
+    pub bits_flipped: u64,
+    pub injected_errors: u64,
+    pub blocks_checked: u64,
+    pub sectors_dropped_by_crashes: u64,
+}
+
+/// A block's history as the model knows it. Tag 0 is zeros.
+#[derive(Debug, Clone)]
+struct BlockModel {
+    /// Made durable by a completed flush; `None` once unknown (a read of
+    /// it failed after corruption).
+    flushed: Option<u64>,
+    /// Acknowledged (or maybe written, by a request that failed) since.
+    later: Vec<u64>,
+}
+
+impl BlockModel {
+    fn latest(&self) -> Option<u64> {
+        self.later.last().copied().or(self.flushed)
+    }
+}
+
+/// The bytes of a block holding `tag`: the tag, then words derived from
+/// it, so any other tag's block, zeros or a mix differ.
+fn block_data(tag: u64) -> Vec<u8> {
+    let mut data = Vec::with_capacity(BLOCK_BYTES as usize);
+    if tag == 0 {
+        data.resize(BLOCK_BYTES as usize, 0);
+        return data;
+    }
+    let mut word = tag;
+    data.extend_from_slice(&tag.to_le_bytes());
+    while data.len() < BLOCK_BYTES as usize {
+        // splitmix64
+        word = word.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut mixed = word;
+        mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        data.extend_from_slice(&(mixed ^ (mixed >> 31)).to_le_bytes());
+    }
+    data
+}
+
+/// The tag a block holds, or `None` for bytes no write ever made.
+fn tag_of(block: &[u8]) -> Option<u64> {
+    if block.iter().all(|byte| *byte == 0) {
+        return Some(0);
+    }
+    let tag = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
+    (block_data(tag) == block).then_some(tag)
+}
+
+struct Run {
+    seed: u64,
+    config: StoreSimConfig,
+    rng: StdRng,
+    pool_disk: SimDisk,
+    metadata_disk: SimDisk,
+    layout: Layout,
+    pool: Option<Arc<Pool>>,
+    volumes: Vec<(VolumeName, Arc<Volume>)>,
+    models: Vec<Vec<BlockModel>>,
+    /// Snapshots of each volume, oldest first.
+    snapshot_ids: Vec<Vec<SnapshotId>>,
+    next_snapshot: u64,
+    next_tag: u64,
+    /// Injected errors counted so far (both disks).
+    errors_seen: u64,
+    /// A bit was flipped in this run: reads may fail with a checksum error.
+    corrupted: bool,
+    report: StoreSimReport,
+    step: usize,
+}
+
+/// Runs one seed; `Err` describes the first broken rule.
+pub fn run_store_sim(seed: u64, config: StoreSimConfig) -> Result<StoreSimReport, String> {
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let mut run = Run::new(seed, config)?;
+        run.run()?;
+        Ok(run.report.clone())
+    }));
+    match outcome {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
+                .unwrap_or_else(|| "a panic".into());
+            Err(format!("seed {seed}: panicked: {message}"))
+        }
+    }
+}
+
+fn label() -> &'static Path {
+    Path::new("sim:pool")
+}
+
+impl Run {
+    fn new(seed: u64, config: StoreSimConfig) -> Result<Run, String> {
+        let pool_disk = SimDisk::new(config.pool_bytes, seed);
+        let metadata_disk = SimDisk::new(0, seed ^ 0x6d65_7461);
+        let layout = Layout::compute(config.pool_bytes).map_err(|error| error.to_string())?;
+        let pool = Pool::create_on(
+            Arc::new(pool_disk.clone()),
+            SimRedbBackend(metadata_disk.clone()),
+            label(),
+            PoolOnDisk {
+                name: PoolName::new("sim").expect("valid name"),
+                id: PoolId(1),
+                class: DeviceClass::Ssd,
+                uuid: (seed as u128) << 64 | 0x5349_4d21,
+            },
+            Background::Inline,
+        )
+        .map_err(|error| format!("creating the pool: {error}"))?;
+        let mut volumes = Vec::new();
+        for index in 0..config.volumes {
+            let name = VolumeName::new(format!("v{index}")).expect("valid name");
+            pool.create_volume(&name, config.volume_blocks * BLOCK_BYTES)
+                .map_err(|error| format!("creating volume {name}: {error}"))?;
+            let volume = pool.open_volume(&name).map_err(|error| error.to_string())?;
+            volumes.push((name, volume));
+        }
+        let blocks = config.volume_blocks as usize;
+        let empty = BlockModel {
+            flushed: Some(0),
+            later: Vec::new(),
+        };
+        pool_disk.set_faults(config.faults);
+        metadata_disk.set_faults(config.faults);
+        Ok(Run {
+            seed,
+            rng: StdRng::seed_from_u64(seed),
+            models: vec![vec![empty; blocks]; config.volumes],
+            snapshot_ids: vec![Vec::new(); config.volumes],
+            config,
+            pool_disk,
+            metadata_disk,
+            layout,
+            pool: Some(pool),
+            volumes,
+            next_snapshot: 1,
+            next_tag: 1,
+            errors_seen: 0,
+            corrupted: false,
+            report: StoreSimReport::default(),
+            step: 0,
+        })
+    }
+
+    fn pool(&self) -> &Arc<Pool> {
+        self.pool.as_ref().expect("the pool is open between steps")
+    }
+
+    fn trace(&self, what: impl FnOnce() -> String) {
+        if self.config.trace {
+            println!("[{}] {}", self.step, what());
+        }
+    }
+
+    fn fail(&self, what: String) -> String {
+        format!("seed {} step {}: {what}", self.seed, self.step)
+    }
+
+    /// True if a disk injected an error since the last call.
+    fn injected_since_last_look(&mut self) -> bool {
+        let now =
+            self.pool_disk.stats().injected_errors + self.metadata_disk.stats().injected_errors;
+        let new = now > self.errors_seen;
+        self.errors_seen = now;
+        new
+    }
+
+    fn run(&mut self) -> Result<(), String> {
+        while self.step < self.config.steps {
+            self.step += 1;
+            self.one_step()?;
+        }
+        // The end: everything flushed reads back, before and after a crash.
+        self.config.faults = Faults::default();
+        self.pool_disk.set_faults(Faults::default());
+        self.metadata_disk.set_faults(Faults::default());
+        if self.pool().info().failed.is_some() {
+            self.crash_and_reopen()?;
+        }
+        self.flush()?;
+        self.check_all_latest()?;
+        self.crash_and_reopen()?;
+        if !self.corrupted {
+            let scan = self
+                .pool()
+                .scan()
+                .map_err(|error| self.fail(format!("scan: {error}")))?;
+            if !scan.is_clean() {
+                return Err(self.fail(format!("the scan found problems: {scan:?}")));
+            }
+        }
+        if let Some(pool) = self.pool.take() {
+            self.volumes.clear();
+            pool.shutdown()
+                .map_err(|error| self.fail(format!("shutdown: {error}")))?;
+        }
+        self.report.injected_errors =
+            self.pool_disk.stats().injected_errors + self.metadata_disk.stats().injected_errors;
+        self.report.bits_flipped = self.pool_disk.stats().bits_flipped;
+        Ok(())
+    }
+
+    fn one_step(&mut self) -> Result<(), String> {
+        if self.pool().info().failed.is_some() {
+            self.report.pool_failures += 1;
+            if !self.injected_since_last_look() && self.errors_seen == 0 {
+                return Err(self.fail(format!(
+                    "the pool failed without an injected fault: {:?}",
+                    self.pool().info().failed
+                )));
+            }
+            return self.crash_and_reopen();
+        }
+        let roll = self.rng.gen_range(0..1000u32);
+        if roll < self.config.crash_per_thousand {
+            return self.crash_and_reopen();
+        }
+        if roll < self.config.crash_per_thousand + self.config.flip_per_thousand {
+            return self.flip();
+        }
+        match self.rng.gen_range(0..100) {
+            0..=34 => self.write(),
+            35..=42 => self.trim(),
+            43..=50 => self.flush(),
+            51..=64 => self.read(),
+            65..=67 if self.config.snapshots => self.snapshot(),
+            _ => self.background(),
+        }
+    }
+
+    /// A range of blocks of a random volume: often whole chunks.
+    fn pick_range(&mut self) -> (usize, u64, u64) {
+        let volume = self.rng.gen_range(0..self.config.volumes);
+        let blocks = self.config.volume_blocks;
+        if self.rng.gen_bool(0.3) {
+            let chunks = self.rng.gen_range(1..=2);
+            let first =
+                self.rng.gen_range(0..=blocks / BLOCKS_PER_CHUNK - chunks) * BLOCKS_PER_CHUNK;
+            (volume, first, chunks * BLOCKS_PER_CHUNK)
+        } else {
+            let count = self.rng.gen_range(1..=8);
+            let first = self.rng.gen_range(0..=blocks - count);
+            (volume, first, count)
+        }
+    }
+
+    /// An error from a request: fine only if a fault explains it.
+    fn request_failed(&mut self, what: &str, error: &TargetError) -> Result<(), String> {
+        let injected = self.injected_since_last_look();
+        let pool_failed = self.pool().info().failed.is_some();
+        let checksum = matches!(error, TargetError::Checksum { .. });
+        if injected || (pool_failed && self.errors_seen > 0) || (checksum && self.corrupted) {
+            self.trace(|| format!("{what} failed (explained): {error}"));
+            return Ok(());
+        }
+        Err(self.fail(format!("{what} failed without an injected fault: {error}")))
+    }
+
+    fn write(&mut self) -> Result<(), String> {
+        let (volume, first, count) = self.pick_range();
+        let fua = self.rng.gen_bool(0.1);
+        let tags: Vec<u64> = (0..count)
+            .map(|_| {
+                self.next_tag += 1;
+                self.next_tag
+            })
+            .collect();
+        let mut data = BlockBuf::zeroed((count * BLOCK_BYTES) as usize);
+        for (index, tag) in tags.iter().enumerate() {
+            let at = index * BLOCK_BYTES as usize;
+            data[at..at + BLOCK_BYTES as usize].copy_from_slice(&block_data(*tag));
+        }
+        self.trace(|| format!("write v{volume} blocks {first}+{count} fua={fua}"));
+        let result = self.volumes[volume].1.write(first * BLOCK_BYTES, data, fua);
+        match result {
+            Ok(()) => {
+                self.report.writes += 1;
+                for (index, tag) in tags.iter().enumerate() {
+                    self.models[volume][first as usize + index].later.push(*tag);
+                }
+                if fua {
+                    // A FUA write waits for a flush through its own record,
+                    // which covers every record before it.
+                    self.model_flushed();
+                }
+                Ok(())
+            }
+            Err(TargetError::NoSpace { .. }) => Ok(()),
+            Err(error) => {
+                // Admitted and then failed (a FUA whose flush failed): it
+                // may be durable or not.
+                for (index, tag) in tags.iter().enumerate() {
+                    self.models[volume][first as usize + index].later.push(*tag);
+                }
+                self.request_failed("write", &error)
+            }
+        }
+    }
+
+    fn trim(&mut self) -> Result<(), String> {
+        let (volume, first, count) = self.pick_range();
+        self.trace(|| format!("trim v{volume} blocks {first}+{count}"));
+        match self.volumes[volume]
+            .1
+            .trim(first * BLOCK_BYTES, count * BLOCK_BYTES, false)
+        {
+            Ok(()) => {
+                self.report.trims += 1;
+                for block in first..first + count {
+                    self.models[volume][block as usize].later.push(0);
+                }
+                Ok(())
+            }
+            Err(TargetError::NoSpace { .. }) => Ok(()),
+            Err(error) => {
+                for block in first..first + count {
+                    self.models[volume][block as usize].later.push(0);
+                }
+                self.request_failed("trim", &error)
+            }
+        }
+    }
+
+    /// Every acknowledged write is durable now.
+    fn model_flushed(&mut self) {
+        for blocks in &mut self.models {
+            for block in blocks {
+                if let Some(latest) = block.later.last() {
+                    block.flushed = Some(*latest);
+                    block.later.clear();
+                }
+            }
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        self.trace(|| "flush".into());
+        let volume = self.rng.gen_range(0..self.config.volumes);
+        match self.volumes[volume].1.flush() {
+            Ok(()) => {
+                self.report.flushes += 1;
+                self.model_flushed();
+                Ok(())
+            }
+            Err(error) => self.request_failed("flush", &error),
+        }
+    }
+
+    fn read(&mut self) -> Result<(), String> {
+        let (volume, first, count) = self.pick_range();
+        self.trace(|| format!("read v{volume} blocks {first}+{count}"));
+        let mut buffer = vec![0u8; (count * BLOCK_BYTES) as usize];
+        match self.volumes[volume]
+            .1
+            .read(first * BLOCK_BYTES, &mut buffer)
+        {
+            Ok(()) => {
+                self.report.reads += 1;
+                for index in 0..count {
+                    let block = (first + index) as usize;
+                    let at = (index * BLOCK_BYTES) as usize;
+                    let found = tag_of(&buffer[at..at + BLOCK_BYTES as usize]);
+                    let model = &self.models[volume][block];
+                    let expected = model.latest();
+                    let fine = match (found, expected) {
+                        (Some(found), Some(expected)) => found == expected,
+                        // Unknown since a failed read after corruption.
+                        (Some(_), None) => true,
+                        (None, _) => false,
+                    };
+                    if !fine {
+                        return Err(self.fail(format!(
+                            "v{volume} block {block} reads {found:?}, expected {expected:?} (the newest acknowledged)"
+                        )));
+                    }
+                    self.report.blocks_checked += 1;
+                }
+                Ok(())
+            }
+            Err(error) => self.request_failed("read", &error),
+        }
+    }
+
+    fn snapshot(&mut self) -> Result<(), String> {
+        let volume = self.rng.gen_range(0..self.config.volumes);
+        let name = self.volumes[volume].0.clone();
+        if self.snapshot_ids[volume].len() >= 3 || self.rng.gen_bool(0.3) {
+            let Some(oldest) = self.snapshot_ids[volume].first().copied() else {
+                return Ok(());
+            };
+            self.trace(|| format!("delete snapshot {oldest} of v{volume}"));
+            return match self.pool().delete_snapshot(&name, oldest) {
+                Ok(()) => {
+                    self.snapshot_ids[volume].remove(0);
+                    Ok(())
+                }
+                Err(error) => self.store_failed("deleting a snapshot", error.to_string()),
+            };
+        }
+        let id = SnapshotId(self.next_snapshot);
+        self.next_snapshot += 1;
+        self.trace(|| format!("snapshot {id} of v{volume}"));
+        match self.volumes[volume].1.snapshot(id) {
+            Ok(()) => {
+                self.report.snapshots += 1;
+                self.snapshot_ids[volume].push(id);
+                // A snapshot waits for its record to be durable, and every
+                // record before it with it.
+                self.model_flushed();
+                Ok(())
+            }
+            Err(error) => self.store_failed("a snapshot", error.to_string()),
+        }
+    }
+
+    /// An error from a pool operation: fine only if a fault explains it
+    /// (the operation's outcome is then unknown until recovery; the models
+    /// of the snapshots are not checked).
+    fn store_failed(&mut self, what: &str, error: String) -> Result<(), String> {
+        let injected = self.injected_since_last_look();
+        if injected || (self.errors_seen > 0 && self.pool().info().failed.is_some()) {
+            self.trace(|| format!("{what} failed (explained): {error}"));
+            return Ok(());
+        }
+        if error.contains("no space") || error.contains("is full") {
+            return Ok(());
+        }
+        Err(self.fail(format!("{what} failed without an injected fault: {error}")))
+    }
+
+    fn background(&mut self) -> Result<(), String> {
+        let step = match self.rng.gen_range(0..10) {
+            0..=3 => Step::WriteJournal,
+            4..=5 => Step::Sync,
+            6..=8 => Step::Apply,
+            _ => Step::Checkpoint,
+        };
+        self.trace(|| format!("background {step:?}"));
+        self.report.background_steps += 1;
+        match self.pool().step(step) {
+            Ok(_) => Ok(()),
+            Err(error) => self.store_failed("a background step", error.to_string()),
+        }
+    }
+
+    /// Rot in the data or checksum region, at a moment when the journal
+    /// is empty: replay never reads what is flipped (a redirect's chunk
+    /// flipped before its replay would end the journal there, which no
+    /// store without redundancy can tell from a torn write).
+    fn flip(&mut self) -> Result<(), String> {
+        for step in [Step::WriteJournal, Step::Apply, Step::Checkpoint] {
+            loop {
+                match self.pool().step(step) {
+                    Ok(true) if step == Step::WriteJournal => continue,
+                    Ok(_) => break,
+                    Err(error) => {
+                        return self.store_failed("emptying the journal", error.to_string())
+                    }
+                }
+            }
+        }
+        if self.pool().journal_stats().journal_used_bytes != 0 {
+            return Ok(());
+        }
+        let offset = self
+            .pool_disk
+            .flip_random_bit(self.layout.checksum_offset, self.config.pool_bytes);
+        self.trace(|| format!("flipped a bit at byte {offset}"));
+        self.corrupted = true;
+        Ok(())
+    }
+
+    fn crash_and_reopen(&mut self) -> Result<(), String> {
+        self.report.crashes += 1;
+        let (_, dropped_pool) = self.pool_disk.crash_randomly();
+        let (_, dropped_metadata) = self.metadata_disk.crash_randomly();
+        self.report.sectors_dropped_by_crashes += dropped_pool + dropped_metadata;
+        self.trace(|| {
+            format!("crash: {dropped_pool} pool and {dropped_metadata} metadata sectors lost")
+        });
+        // The old pool's handles are dead: dropping it writes nothing.
+        self.volumes.clear();
+        drop(self.pool.take());
+        // Recovery runs without injected errors: a fault there only stops
+        // the open, which says nothing about what survived.
+        self.pool_disk.set_faults(Faults::default());
+        self.metadata_disk.set_faults(Faults::default());
+        let pool = Pool::open_on(
+            Arc::new(self.pool_disk.reopen()),
+            SimRedbBackend(self.metadata_disk.reopen()),
+            label(),
+            Background::Inline,
+        )
+        .map_err(|error| self.fail(format!("reopening after a crash: {error}")))?;
+        for index in 0..self.config.volumes {
+            let name = VolumeName::new(format!("v{index}")).expect("valid name");
+            let volume = pool
+                .open_volume(&name)
+                .map_err(|error| self.fail(format!("opening {name} after a crash: {error}")))?;
+            self.volumes.push((name, volume));
+        }
+        self.pool = Some(pool);
+        self.check_after_crash()?;
+        self.pool_disk.set_faults(self.config.faults);
+        self.metadata_disk.set_faults(self.config.faults);
+        self.injected_since_last_look();
+        Ok(())
+    }
+
+    /// Every block reads its last flushed value or a later one; the model
+    /// then starts again from what was read (recovery made it durable).
+    fn check_after_crash(&mut self) -> Result<(), String> {
+        let blocks = self.config.volume_blocks;
+        for volume in 0..self.config.volumes {
+            let mut buffer = vec![0u8; BLOCK_BYTES as usize];
+            for block in 0..blocks as usize {
+                let result = self.volumes[volume]
+                    .1
+                    .read(block as u64 * BLOCK_BYTES, &mut buffer);
+                let model = &self.models[volume][block];
+                match result {
+                    Ok(()) => {
+                        let found = tag_of(&buffer);
+                        let allowed = match (found, model.flushed) {
+                            (None, _) => false,
+                            (Some(_), None) => true,
+                            (Some(found), Some(flushed)) => {
+                                found == flushed || model.later.contains(&found)
+                            }
+                        };
+                        if !allowed {
+                            return Err(self.fail(format!(
+                                "after a crash v{volume} block {block} reads {found:?}; flushed {:?}, written since {:?}",
+                                model.flushed, model.later
+                            )));
+                        }
+                        self.models[volume][block] = BlockModel {
+                            flushed: found,
+                            later: Vec::new(),
+                        };
+                    }
+                    Err(TargetError::Checksum { .. }) if self.corrupted => {
+                        self.models[volume][block] = BlockModel {
+                            flushed: None,
+                            later: Vec::new(),
+                        };
+                    }
+                    Err(error) => {
+                        return Err(self.fail(format!(
+                            "after a crash v{volume} block {block} fails to read: {error}"
+                        )))
+                    }
+                }
+                self.report.blocks_checked += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Between crashes every block reads its newest acknowledged value.
+    fn check_all_latest(&mut self) -> Result<(), String> {
+        let blocks = self.config.volume_blocks;
+        let mut buffer = vec![0u8; BLOCK_BYTES as usize];
+        for volume in 0..self.config.volumes {
+            for block in 0..blocks as usize {
+                let result = self.volumes[volume]
+                    .1
+                    .read(block as u64 * BLOCK_BYTES, &mut buffer);
+                let expected = self.models[volume][block].latest();
+                match result {
+                    Ok(()) => {
+                        let found = tag_of(&buffer);
+                        if found.is_none() || (expected.is_some() && found != expected) {
+                            return Err(self.fail(format!(
+                                "v{volume} block {block} reads {found:?}, expected {expected:?}"
+                            )));
+                        }
+                    }
+                    Err(TargetError::Checksum { .. }) if self.corrupted => {}
+                    Err(error) => {
+                        return Err(
+                            self.fail(format!("v{volume} block {block} fails to read: {error}"))
+                        )
+                    }
+                }
+                self.report.blocks_checked += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_s_tag_reads_back_and_anything_else_does_not() {
+        assert_eq!(tag_of(&block_data(0)), Some(0));
+        assert_eq!(tag_of(&block_data(77)), Some(77));
+        let mut torn = block_data(77);
+        torn[2048..].copy_from_slice(&block_data(78)[2048..]);
+        assert_eq!(tag_of(&torn), None);
+        let mut flipped = block_data(77);
+        flipped[100] ^= 1;
+        assert_eq!(tag_of(&flipped), None);
+    }
+}
