@@ -174,6 +174,12 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
         cluster: cluster.clone(),
         replication: replication.clone(),
         metrics: metrics.clone(),
+        devices: Arc::new(crate::local_device::LocalDevices::new(
+            &config.data_dir,
+            nbd_socket_path
+                .clone()
+                .unwrap_or_else(|| config.data_dir.join(DEFAULT_NBD_SOCKET_FILE)),
+        )),
     });
     let api_server = axum::serve(
         api_listener,

@@ -14,6 +14,8 @@
 //!   pools/NAME/metadata.redb   each pool's metadata database (owned by the store)
 //!   pools/default/pool.img     the default pool's sparse file, made on first start
 //!   nbd.sock                   the NBD unix socket (unless --nbd-socket says otherwise)
+//!   devices/VOLUME/fuse        nbdfuse's mount of a volume whose block device this
+//!                              node made (local_device); its loop device's backing file
 //!   replication.redb           accepted generations and dirty maps (replication)
 //!   node.lock                  held with flock while the node runs: one node
 //!                              per data directory
@@ -34,6 +36,8 @@
 //! - [`nbd`]: adapts [`Node`] to the NBD server of `trireme-export`.
 //! - [`replicated`]: the engines of volumes attached here, the replica
 //!   side of data links, and `DATA/replication.redb`.
+//! - [`local_device`]: block devices of volumes for users on this host (the
+//!   CSI node plugin): nbdfuse + a loop device over the NBD socket.
 //! - [`metrics`]: `GET /metrics` (Prometheus) and the I/O rates of
 //!   `GET /api/v1/io`.
 //! - [`daemon`]: start-up, listeners, the ready line, signals and shutdown.
@@ -43,6 +47,7 @@ pub mod catalog;
 pub mod cluster;
 pub mod daemon;
 pub mod error;
+pub mod local_device;
 pub mod metrics;
 pub mod nbd;
 pub mod node;

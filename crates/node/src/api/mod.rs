@@ -6,12 +6,15 @@
 //! - `validate`: checks of names, sizes and bodies, before any store call.
 //! - `system`, `pools`, `volumes`, `snapshots`, `verify`, `cluster`,
 //!   `events`: the handlers.
+//! - `devices`: block devices of volumes on this node's host (the CSI
+//!   node plugin's), [`crate::local_device`].
 //! - `ui`: the web dashboard at `/ui`, its assets embedded in the binary.
 //!
 //! Handlers validate the request, then run the blocking node operation on
 //! `spawn_blocking` so a slow disk never stalls the reactor.
 
 mod cluster;
+mod devices;
 pub mod error;
 mod events;
 pub mod model;
@@ -61,6 +64,8 @@ pub struct ApiState {
     pub replication: Arc<crate::replicated::Replication>,
     /// The NBD edge's counters and I/O rates.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Block devices of volumes on this host.
+    pub devices: Arc<crate::local_device::LocalDevices>,
 }
 
 #[derive(OpenApi)]
@@ -111,6 +116,10 @@ pub struct ApiState {
         cluster::show_settings,
         cluster::change_settings,
         cluster::join_token,
+        devices::make_device,
+        devices::show_device,
+        devices::release_device,
+        devices::list_devices,
     )
 )]
 pub struct ApiDocument;
@@ -182,6 +191,13 @@ pub fn router(state: ApiState) -> Router {
                 .put(snapshots::set_schedule)
                 .delete(snapshots::delete_schedule),
         )
+        .route(
+            "/api/v1/volumes/{name}/device",
+            get(devices::show_device)
+                .put(devices::make_device)
+                .delete(devices::release_device),
+        )
+        .route("/api/v1/devices", get(devices::list_devices))
         .route("/api/v1/snapshots", get(snapshots::list_all_snapshots))
         .route("/api/v1/status", get(cluster::status))
         .route("/api/v1/nodes", get(cluster::list_nodes))

@@ -40,12 +40,17 @@ async fn test_node() -> TestNode {
     .unwrap();
     let node = Arc::new(node);
     let replication = crate::replicated::Replication::open(node.clone()).unwrap();
+    let devices = Arc::new(crate::local_device::LocalDevices::new(
+        directory.path(),
+        directory.path().join("nbd.sock"),
+    ));
     let router = router(ApiState {
         node,
         addresses: Arc::new(Addresses::default()),
         cluster: cluster.clone(),
         replication,
         metrics: crate::metrics::Metrics::new(),
+        devices,
     });
     TestNode {
         _directory: directory,
@@ -664,4 +669,73 @@ async fn a_volume_with_snapshots_is_deleted_only_when_asked() {
         "{status} {body}"
     );
     assert!(node.cluster.state.read().volumes[&name].deleting);
+}
+
+/// Device requests name what is wrong before anything runs: a bad name, an
+/// unknown volume, a request meant for another node, a body with unknown
+/// fields. (Making a real device: tests/csi.rs.)
+#[tokio::test]
+async fn device_requests_with_bad_input_are_refused_by_name() {
+    let node = test_node().await;
+    let put = |uri: &'static str, body: &'static str| node.call("PUT", uri, Some(body));
+    assert_error(
+        &put("/api/v1/volumes/..secret/device", r#"{"node":"test"}"#).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_name",
+        "'.'",
+    );
+    assert_error(
+        &put("/api/v1/volumes/%2E%2E/device", r#"{"node":"test"}"#).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_name",
+        "'.'",
+    );
+    assert_error(
+        &put("/api/v1/volumes/ghost/device", r#"{"node":"test"}"#).await,
+        StatusCode::NOT_FOUND,
+        "volume_not_found",
+        "'ghost'",
+    );
+    assert_error(
+        &put("/api/v1/volumes/ghost/device", r#"{"node":"n9"}"#).await,
+        StatusCode::CONFLICT,
+        "other_node",
+        "not 'n9'",
+    );
+    assert_error(
+        &put(
+            "/api/v1/volumes/ghost/device",
+            r#"{"node":"test","size":1}"#,
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "invalid_body",
+        "size",
+    );
+    assert_error(
+        &node.call("GET", "/api/v1/volumes/ghost/device", None).await,
+        StatusCode::NOT_FOUND,
+        "device_not_found",
+        "(test)",
+    );
+    assert_error(
+        &node
+            .call("DELETE", "/api/v1/volumes/ghost/device", None)
+            .await,
+        StatusCode::NOT_FOUND,
+        "volume_not_found",
+        "'ghost'",
+    );
+    let (status, json) = node.call("GET", "/api/v1/devices", None).await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    assert_eq!(json, Value::Array(vec![]));
+    // A path with a slash is no volume's device route at all.
+    let (status, _) = node
+        .call(
+            "PUT",
+            "/api/v1/volumes/a/b/device",
+            Some(r#"{"node":"test"}"#),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }
