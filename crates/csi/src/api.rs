@@ -99,6 +99,25 @@ impl Api {
         }
     }
 
+    /// The one node whose API listens at `address` (a node's own daemon),
+    /// with the same token.
+    pub fn at(&self, address: &str) -> Api {
+        Api {
+            bases: parse_addresses(address),
+            ..self.clone()
+        }
+    }
+
+    pub async fn put<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<T, ApiError> {
+        let body = serde_json::to_vec(body).expect("request bodies always serialise");
+        let text = self.send(reqwest::Method::PUT, path, Some(body)).await?;
+        parse(path, &text)
+    }
+
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
         let text = self.send(reqwest::Method::GET, path, None).await?;
         parse(path, &text)

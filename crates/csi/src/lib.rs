@@ -7,12 +7,13 @@
 //! - [`identity`]: the driver's name and capabilities.
 //! - [`controller`]: volumes, attachments, snapshots, capacity, expansion
 //!   (`create`, `publish`, `snapshots`, `topology` inside).
-//! - [`node`]: staging a volume as a block device from the local node's
-//!   NBD socket (nbdfuse + a loop device), file systems, bind mounts.
+//! - [`node`]: staging a volume: its block device from the node daemon on
+//!   this host, file systems, bind mounts.
 //!
-//! The NBD server stays in the node daemon: this process only starts the
-//! bridge to it (nbdfuse, in its own session) and mounts, so a restart of
-//! the driver interrupts no I/O.
+//! The NBD server and the bridge to a block device (nbdfuse + a loop
+//! device) stay in the node daemon on the host: this process only asks
+//! for the device and mounts, so a restart of the driver, or of the
+//! container it runs in, interrupts no I/O.
 
 pub mod api;
 pub mod controller;
@@ -25,8 +26,6 @@ pub mod csi {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("csi.v1");
 }
-
-use std::path::PathBuf;
 
 /// Which services this process serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -51,10 +50,6 @@ impl Mode {
 pub struct NodeConfig {
     /// The trireme node name of this machine: the CSI node id.
     pub node_name: String,
-    /// The local node daemon's NBD unix socket.
-    pub nbd_socket: PathBuf,
-    /// Where nbdfuse shows each staged volume as a file.
-    pub state_dir: PathBuf,
 }
 
 /// The driver: one value serves all three services.

@@ -37,20 +37,15 @@ struct Args {
     /// takes its place for that RPC).
     #[arg(long, env = "TRIREME_TOKEN_FILE")]
     token_file: Option<PathBuf>,
-    /// The local node daemon's NBD unix socket.
-    #[arg(
-        long,
-        env = "TRIREME_NBD_SOCKET",
-        default_value = "/var/lib/trireme/nbd.sock"
-    )]
-    nbd_socket: PathBuf,
-    /// Where the node plugin keeps each staged volume's nbdfuse mount.
-    #[arg(
-        long,
-        env = "TRIREME_CSI_STATE_DIR",
-        default_value = "/var/lib/trireme/csi"
-    )]
-    state_dir: PathBuf,
+    /// Unused since the node daemon makes the block devices (it uses its
+    /// own NBD socket); accepted so that manifests that still pass it
+    /// start.
+    #[arg(long, env = "TRIREME_NBD_SOCKET", hide = true)]
+    nbd_socket: Option<PathBuf>,
+    /// Unused, as --nbd-socket: the node daemon keeps the devices' state
+    /// in its data directory.
+    #[arg(long, env = "TRIREME_CSI_STATE_DIR", hide = true)]
+    state_dir: Option<PathBuf>,
 }
 
 fn socket_path(endpoint: &str) -> Result<PathBuf> {
@@ -90,13 +85,13 @@ async fn main() -> Result<()> {
                 args.mode
             );
         };
-        std::fs::create_dir_all(&args.state_dir)
-            .with_context(|| format!("creating {}", args.state_dir.display()))?;
-        Some(NodeConfig {
-            node_name,
-            nbd_socket: args.nbd_socket.clone(),
-            state_dir: args.state_dir.clone(),
-        })
+        if args.nbd_socket.is_some() || args.state_dir.is_some() {
+            tracing::info!(
+                "--nbd-socket and --state-dir are ignored: the trireme node daemon makes the \
+                 block devices"
+            );
+        }
+        Some(NodeConfig { node_name })
     } else {
         None
     };

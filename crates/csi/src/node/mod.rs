@@ -1,9 +1,10 @@
 //! The Node service: a volume attached on this node becomes a block
-//! device (`device`), gets a file system when it is a filesystem volume
-//! (`stage`), and is bind-mounted where the pod wants it.
+//! device (`device`: the node daemon on this host makes it), gets a file
+//! system when it is a filesystem volume (`stage`), and is bind-mounted
+//! where the pod wants it.
 //!
-//! Each RPC checks what is already in place (a mount at the path, a loop
-//! device for the volume) before it acts, so repeats and a restarted
+//! Each RPC checks what is already in place (a mount at the path, the
+//! daemon's device for the volume) before it acts, so repeats and a restarted
 //! driver find their work done rather than doing it twice.
 
 mod device;
@@ -67,7 +68,7 @@ impl Node for Driver {
         request: Request<NodeUnstageVolumeRequest>,
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
         let config = self.node_config()?;
-        stage::unstage(config, request.into_inner())
+        stage::unstage(self, config, request.into_inner())
             .await
             .map(Response::new)
     }
@@ -77,7 +78,7 @@ impl Node for Driver {
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
         let config = self.node_config()?;
-        stage::publish(config, request.into_inner())
+        stage::publish(self, config, request.into_inner())
             .await
             .map(Response::new)
     }
@@ -173,7 +174,7 @@ impl Node for Driver {
             return Err(missing("volume_path"));
         }
         let volume = self.existing_volume(&request.volume_id).await?;
-        stage::expand(config, &request, volume.size_bytes)
+        stage::expand(self, config, &request, volume.size_bytes)
             .await
             .map(Response::new)
     }

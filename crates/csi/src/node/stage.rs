@@ -4,7 +4,7 @@
 use std::path::Path;
 use tonic::Status;
 
-use super::device::{self, DeviceError};
+use super::device;
 use super::system::{self, run, SystemError};
 use crate::controller::capability::{self, FILE_SYSTEMS};
 use crate::csi::volume_capability::AccessType;
@@ -14,13 +14,6 @@ use crate::{Driver, NodeConfig};
 
 fn internal(error: impl std::fmt::Display) -> Status {
     Status::internal(error.to_string())
-}
-
-fn device_status(error: DeviceError) -> Status {
-    match error {
-        DeviceError::NotServed { .. } => Status::failed_precondition(error.to_string()),
-        DeviceError::System(error) => internal(error),
-    }
 }
 
 pub async fn stage(
@@ -37,9 +30,7 @@ pub async fn stage(
     let capability = capability::check_one(request.volume_capability.as_ref())?;
     driver.existing_volume(&request.volume_id).await?;
     let staging = Path::new(&request.staging_target_path);
-    let device = device::attach(config, &request.volume_id)
-        .await
-        .map_err(device_status)?;
+    let device = device::attach(driver, config, &request.volume_id).await?;
     let Some(AccessType::Mount(mount)) = &capability.access_type else {
         // A block volume is its device: NodePublish binds it.
         return Ok(NodeStageVolumeResponse {});
@@ -122,6 +113,7 @@ fn mount_options(flags: &[String], read_only: bool) -> String {
 }
 
 pub async fn unstage(
+    driver: &Driver,
     config: &NodeConfig,
     request: NodeUnstageVolumeRequest,
 ) -> Result<NodeUnstageVolumeResponse, Status> {
@@ -137,14 +129,13 @@ pub async fn unstage(
         run("umount", &[&staging]).await.map_err(internal)?;
     }
     if crate::names::is_trireme_name(&request.volume_id) {
-        device::detach(config, &request.volume_id)
-            .await
-            .map_err(device_status)?;
+        device::detach(driver, config, &request.volume_id).await?;
     }
     Ok(NodeUnstageVolumeResponse {})
 }
 
 pub async fn publish(
+    driver: &Driver,
     config: &NodeConfig,
     request: NodePublishVolumeRequest,
 ) -> Result<NodePublishVolumeResponse, Status> {
@@ -181,9 +172,8 @@ pub async fn publish(
             )
         }
         _ => {
-            let device = device::find(config, &request.volume_id)
-                .await
-                .map_err(internal)?
+            let device = device::find(driver, config, &request.volume_id)
+                .await?
                 .ok_or_else(not_staged)?;
             if let Some(parent) = target.parent() {
                 std::fs::create_dir_all(parent).map_err(internal)?;
@@ -241,6 +231,7 @@ pub async fn unpublish(
 /// A device still smaller than the volume is refused, not "grown" to its
 /// old size: the caller would take the old size for the new one.
 pub async fn expand(
+    driver: &Driver,
     config: &NodeConfig,
     request: &NodeExpandVolumeRequest,
     volume_bytes: u64,
@@ -252,9 +243,8 @@ pub async fn expand(
             request.volume_path
         )));
     }
-    let device = device::find(config, &request.volume_id)
-        .await
-        .map_err(internal)?
+    let device = device::find(driver, config, &request.volume_id)
+        .await?
         .ok_or_else(|| {
             Status::failed_precondition(format!(
                 "volume '{}' is not staged on this node",

@@ -35,8 +35,6 @@ pub enum SystemError {
 
 fn package_of(program: &str) -> &'static str {
     match program {
-        "nbdfuse" => "nbdfuse or libnbd-bin",
-        "fusermount3" => "fuse3",
         "mkfs.ext4" | "resize2fs" | "e2fsck" | "dumpe2fs" | "blkid" => "e2fsprogs / util-linux",
         "mkfs.xfs" | "xfs_growfs" => "xfsprogs",
         _ => "util-linux",
