@@ -11,8 +11,10 @@
 //!   another node takes it over at once and the data is there; a second
 //!   publish of a single-writer volume while its node lives is refused;
 //!   a volume grown while mounted is grown on the node at its next stage;
-//! - restarting the node plugin while fio writes to a published volume
-//!   interrupts nothing (nbdfuse and the NBD server live elsewhere).
+//! - the node plugin run as a container runs it (its own PID namespace)
+//!   and killed with everything it started while fio writes to a block
+//!   and an ext4 volume: fio sees no error, because the node daemon owns
+//!   the block devices (nbdfuse and the loop devices), not the plugin.
 //!
 //! The driver binary is another package's: it is built here with cargo
 //! (a no-op when it is fresh) and found beside the `trireme` binary.
@@ -88,7 +90,13 @@ const ALLOWED_SKIPS: &[(&str, &str)] = &[
 /// The driver's binary, built if needed. The build selects the whole
 /// workspace, as `cargo test --workspace` does: with `-p trireme-csi` alone
 /// cargo resolves other features for shared dependencies and rebuilds them.
+///
+/// `TRIREME_CSI_BIN` names another build of the driver instead (main's,
+/// say, to see which tests fail with it); nothing is built then.
 fn csi_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("TRIREME_CSI_BIN") {
+        return PathBuf::from(bin);
+    }
     let bin = Path::new(trireme_bin()).with_file_name("trireme-csi");
     if let Some(cargo) = std::env::var_os("CARGO") {
         let out = exec(
@@ -150,6 +158,8 @@ struct Plugin {
     socket: PathBuf,
     log: PathBuf,
     args: Vec<String>,
+    /// Run as the init of a PID namespace of its own, as in a container.
+    pid_namespace: bool,
 }
 
 impl Plugin {
@@ -198,7 +208,23 @@ impl Plugin {
             socket,
             log: dir.join(format!("{tag}.log")),
             args,
+            pid_namespace: false,
         };
+        plugin.launch();
+        plugin
+    }
+
+    /// A plugin serving every service (`--mode all`) as the init of a PID
+    /// namespace of its own.
+    fn start_in_pid_namespace(
+        dir: &Path,
+        tag: &str,
+        node: Option<&TestNode>,
+        apis: &[&TestNode],
+    ) -> Plugin {
+        let mut plugin = Plugin::start(dir, tag, "all", node, apis);
+        plugin.kill9();
+        plugin.pid_namespace = true;
         plugin.launch();
         plugin
     }
@@ -210,7 +236,17 @@ impl Plugin {
             .open(&self.log)
             .unwrap();
         let _ = std::fs::remove_file(&self.socket);
-        let child = std::process::Command::new(csi_bin())
+        let mut command = if self.pid_namespace {
+            let mut command = std::process::Command::new("unshare");
+            // --kill-child: the namespace also ends when the test kills unshare.
+            command
+                .args(["--pid", "--fork", "--kill-child", "--"])
+                .arg(csi_bin());
+            command
+        } else {
+            std::process::Command::new(csi_bin())
+        };
+        let child = command
             .args(&self.args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -235,6 +271,25 @@ impl Plugin {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Kills the init of the plugin's PID namespace (the plugin itself):
+    /// the kernel then kills every process left in the namespace, as when
+    /// a container ends.
+    fn kill_namespace(&mut self) {
+        assert!(self.pid_namespace, "the plugin has no PID namespace");
+        let child = self.child.take().expect("the plugin runs");
+        let children = format!("/proc/{0}/task/{0}/children", child.id());
+        let init: i32 = std::fs::read_to_string(&children)
+            .unwrap_or_default()
+            .split_whitespace()
+            .next()
+            .and_then(|pid| pid.parse().ok())
+            .unwrap_or_else(|| panic!("unshare has no child in {children}"));
+        // SAFETY: a plain kill(2) of a process this test started.
+        assert_eq!(unsafe { libc::kill(init, libc::SIGKILL) }, 0);
+        let mut child = child;
+        let _ = child.wait();
     }
 
     fn log_text(&self) -> String {
@@ -924,71 +979,102 @@ fn a_dead_nodes_volume_is_taken_over_at_once_and_a_live_writer_is_never_doubled(
     drop(plugin2);
 }
 
-/// The PIDs of nbdfuse processes whose command line names `part`.
-fn nbdfuse_pids(part: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.starts_with("nbdfuse") && cmdline.contains(part) {
-            pids.push(pid);
-        }
-    }
-    pids
+/// The loop devices whose backing file is under `dir`.
+fn loops_under(dir: &Path) -> Vec<String> {
+    let out = exec(
+        &mut cmd("losetup", &["-n", "-O", "NAME,BACK-FILE", "-l"]),
+        Duration::from_secs(20),
+    );
+    let dir = dir.display().to_string();
+    out.stdout
+        .lines()
+        .filter_map(|line| {
+            let (device, file) = line.trim().split_once(char::is_whitespace)?;
+            file.trim().starts_with(&dir).then(|| device.to_string())
+        })
+        .collect()
 }
 
+/// The node plugin runs the way a container runs it: in a PID namespace
+/// of its own (`unshare --pid --fork`: the plugin is the namespace's
+/// init), so killing it makes the kernel kill every process it started,
+/// as a container runtime does when the pod restarts. The plugin shares
+/// the host's mount namespace, standing in for the kubelet directory's
+/// Bidirectional mount propagation.
+///
+/// Two volumes, ext4 and block, are staged and published, and fio writes
+/// to both with crc32c verification while the plugin's namespace dies and
+/// a new plugin starts: the block devices belong to the node daemon
+/// (nbdfuse, the loop devices), so fio never sees an error and verifies
+/// every block. The new plugin then unpublishes and unstages both, and
+/// the daemon releases the devices.
 #[test]
 fn restarting_the_node_plugin_while_fio_writes_interrupts_nothing() {
-    if prerequisites().is_none() || !tools_or_skip(&["fio"]) {
+    if prerequisites().is_none() || !tools_or_skip(&["fio", "unshare"]) {
         return;
     }
     let nodes = three_nodes();
     let dir = TempDir::new("csi-restart");
+    // Dropped in reverse: the test's mounts go first, then the daemon's
+    // devices and nbdfuse mounts.
+    let _node_cleanup = Cleanup(nodes[0].data_dir());
     let _cleanup = Cleanup(dir.path().to_path_buf());
     let apis: Vec<&TestNode> = nodes.iter().collect();
-    let mut plugin = Plugin::start(dir.path(), "all", "all", Some(&nodes[0]), &apis);
-    let capability = block_capability(Mode::SingleNodeWriter);
+    let mut plugin = Plugin::start_in_pid_namespace(dir.path(), "n1", Some(&nodes[0]), &apis);
+    let block = block_capability(Mode::SingleNodeWriter);
+    let mount = mount_capability(Mode::SingleNodeWriter);
     let rt = runtime();
-    let volume = rt.block_on(create(&plugin, "busy", &capability));
-    rt.block_on(publish(&plugin, &volume, "n1", &capability))
-        .expect("publish");
-    let device = rt.block_on(stage_and_publish(
-        &plugin,
-        &volume,
-        &capability,
-        dir.path(),
-        "n1",
-    ));
-    let state = dir.path().join("all-state");
-    let before = nbdfuse_pids(&state.display().to_string());
-    assert_eq!(before.len(), 1, "one nbdfuse for the volume: {before:?}");
+    let mut targets = Vec::new();
+    for (name, capability) in [("busy-block", &block), ("busy-ext4", &mount)] {
+        let volume = rt.block_on(create(&plugin, name, capability));
+        rt.block_on(publish(&plugin, &volume, "n1", capability))
+            .expect("ControllerPublishVolume");
+        let target = rt.block_on(stage_and_publish(
+            &plugin,
+            &volume,
+            capability,
+            dir.path(),
+            name,
+        ));
+        targets.push((volume, capability, target));
+    }
+    let devices_before = loops_under(&nodes[0].data_dir());
 
-    // 48 MiB at 8 MiB/s: about six seconds of writes, then a verify pass.
-    // In the test's directory: fio leaves its verify state file there.
+    // About five seconds of writes at 8 MiB/s to each, then a verify pass.
+    // In the test's directory: fio leaves its verify state files there.
+    let job = |name: &str, file: String, size: &str| {
+        [
+            format!("--name={name}"),
+            format!("--filename={file}"),
+            format!("--size={size}"),
+        ]
+    };
+    let block_device = targets[0].2.display().to_string();
+    let ext4_file = targets[1].2.join("fio-data").display().to_string();
+    let mut args: Vec<String> = [
+        "--rw=write",
+        "--bs=64k",
+        "--rate=8m",
+        "--direct=1",
+        "--ioengine=psync",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_fatal=1",
+    ]
+    .iter()
+    .map(|arg| arg.to_string())
+    .collect();
+    args.extend(job("block", block_device, "40M"));
+    args.extend(job("ext4", ext4_file, "32M"));
     let mut fio = std::process::Command::new("fio")
         .current_dir(dir.path())
-        .args([
-            "--name=csi-restart",
-            &format!("--filename={}", device.display()),
-            "--rw=write",
-            "--bs=64k",
-            "--size=48M",
-            "--rate=8m",
-            "--direct=1",
-            "--ioengine=psync",
-            "--verify=crc32c",
-            "--do_verify=1",
-            "--verify_fatal=1",
-        ])
+        .args(&args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start fio");
     std::thread::sleep(Duration::from_secs(2));
-    plugin.kill9();
+    plugin.kill_namespace();
     std::thread::sleep(Duration::from_millis(500));
     plugin.launch();
     let finished = wait_until(Duration::from_secs(60), || {
@@ -998,45 +1084,64 @@ fn restarting_the_node_plugin_while_fio_writes_interrupts_nothing() {
         let _ = fio.kill();
     }
     let out = fio.wait_with_output().unwrap();
-    assert!(
-        finished && out.status.success(),
-        "fio failed across the plugin restart: {}\n{}",
+    let fio_text = format!(
+        "{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(
+        finished && out.status.success(),
+        "fio failed across the node plugin's restart: {fio_text}"
+    );
+    assert!(
+        fio_text.contains("block: (groupid=0") && fio_text.contains("ext4: (groupid=0"),
+        "fio ran both jobs: {fio_text}"
+    );
     assert_eq!(
-        nbdfuse_pids(&state.display().to_string()),
-        before,
-        "nbdfuse outlived the plugin"
+        devices_before.len(),
+        2,
+        "the node daemon holds one loop device per staged volume: {devices_before:?}"
+    );
+    assert_eq!(
+        loops_under(&nodes[0].data_dir()),
+        devices_before,
+        "the devices outlived the plugin"
     );
 
-    // The new plugin finds the staged volume: a repeated stage and publish
+    // The new plugin finds the staged volumes: a repeated stage and publish
     // answer at once, and unpublish and unstage take it all down.
-    let target = rt.block_on(stage_and_publish(
-        &plugin,
-        &volume,
-        &capability,
-        dir.path(),
-        "n1",
-    ));
-    assert_eq!(target, device);
     rt.block_on(async {
-        let mut node = plugin.node().await;
-        node.node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: volume.clone(),
-            target_path: device.display().to_string(),
-        })
-        .await
-        .expect("NodeUnpublishVolume");
-        node.node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: volume.clone(),
-            staging_target_path: dir.path().join("n1-staging").display().to_string(),
-        })
-        .await
-        .expect("NodeUnstageVolume");
+        for (volume, capability, target) in &targets {
+            let name = target
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .trim_end_matches("-target")
+                .to_string();
+            let again = stage_and_publish(&plugin, volume, capability, dir.path(), &name).await;
+            assert_eq!(&again, target);
+            let mut node = plugin.node().await;
+            node.node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: volume.clone(),
+                target_path: target.display().to_string(),
+            })
+            .await
+            .expect("NodeUnpublishVolume");
+            node.node_unstage_volume(NodeUnstageVolumeRequest {
+                volume_id: volume.clone(),
+                staging_target_path: dir
+                    .path()
+                    .join(format!("{name}-staging"))
+                    .display()
+                    .to_string(),
+            })
+            .await
+            .expect("NodeUnstageVolume");
+        }
     });
-    let gone = wait_until(Duration::from_secs(10), || {
-        nbdfuse_pids(&state.display().to_string()).is_empty()
-    });
-    assert!(gone, "nbdfuse still runs after NodeUnstageVolume");
+    assert_eq!(
+        loops_under(&nodes[0].data_dir()),
+        Vec::<String>::new(),
+        "the devices are released after NodeUnstageVolume"
+    );
 }
