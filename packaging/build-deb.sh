@@ -86,7 +86,7 @@ Architecture: $arch
 Maintainer: trireme developers <trireme@localhost>
 Installed-Size: $installed_size
 Depends: libc6
-Recommends: nbd-client
+Recommends: nbd-client, nbdfuse | libnbd-bin, fuse3
 Enhances: libpve-storage-perl
 Section: admin
 Priority: optional

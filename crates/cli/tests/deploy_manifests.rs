@@ -141,18 +141,14 @@ fn kubecheck_or_skip() -> Option<PathBuf> {
 }
 
 /// Values unlike the defaults in every place a reference must follow:
-/// another kubelet directory (microk8s), socket and state directories, an
-/// existing Secret under another key, one API address, one controller,
+/// another kubelet directory (microk8s), an existing Secret under another key, one API address, one controller,
 /// an xfs class on nvme pools.
 const CUSTOM_VALUES: &str = "\
 trireme:
   api: [http://192.0.2.7:7450]
-  nbdSocketDir: /run/trireme
-  nbdSocketName: nbd.sock
 token: {existingSecret: trireme-admin, key: admin-token, value: ''}
 kubeletDir: /var/snap/microk8s/common/var/lib/kubelet
 controller: {replicas: 1}
-node: {stateDir: /srv/trireme-csi}
 storageClasses:
   - {name: fast, fsType: xfs, deviceClass: nvme, replicas: 2, allowVolumeExpansion: true}
   - {name: fast-block, allowVolumeExpansion: true, resourceGroup: vms}
@@ -242,8 +238,6 @@ fn every_manifest_follows_the_driver_contract() {
         "helm template (custom values)",
         Expect {
             kubelet_dir: "/var/snap/microk8s/common/var/lib/kubelet",
-            nbd_socket: "/run/trireme/nbd.sock",
-            state_dir: "/srv/trireme-csi",
             token_secret: "trireme-admin",
             token_key: "admin-token",
             api: "http://192.0.2.7:7450",

@@ -15,8 +15,6 @@ pub const DRIVER_FLAGS: &[&str] = &[
     "--node-name",
     "--api",
     "--token-file",
-    "--nbd-socket",
-    "--state-dir",
 ];
 /// The StorageClass parameters the driver understands.
 pub const STORAGE_CLASS_PARAMETERS: &[&str] = &[
@@ -29,8 +27,6 @@ pub const STORAGE_CLASS_PARAMETERS: &[&str] = &[
 /// What a rendering was asked for, where it differs between value sets.
 pub struct Expect {
     pub kubelet_dir: &'static str,
-    pub nbd_socket: &'static str,
-    pub state_dir: &'static str,
     pub token_secret: &'static str,
     pub token_key: &'static str,
     pub api: &'static str,
@@ -40,8 +36,6 @@ impl Default for Expect {
     fn default() -> Expect {
         Expect {
             kubelet_dir: "/var/lib/kubelet",
-            nbd_socket: "/var/lib/trireme/nbd.sock",
-            state_dir: "/var/lib/trireme-csi",
             token_secret: "trireme-csi-token",
             token_key: "token",
             api: "http://10.0.0.1:7450,http://10.0.0.2:7450,http://10.0.0.3:7450",
@@ -60,12 +54,10 @@ pub fn check_contract(objects: &[Value], origin: &str, expect: Expect) {
 
     // The controller: the driver in controller mode and its sidecars on one socket.
     let driver = check_driver_container(objects, controller, "controller", &expect, origin);
-    for node_flag in ["--node-name", "--nbd-socket", "--state-dir"] {
-        assert!(
-            flag(driver, node_flag).is_none(),
-            "{origin}: the controller is given {node_flag}, a node plugin flag"
-        );
-    }
+    assert!(
+        flag(driver, "--node-name").is_none(),
+        "{origin}: the controller is given --node-name, a node plugin flag"
+    );
     check_sidecars(controller, CONTROLLER_SIDECARS, origin);
     let provisioner = container(controller, "csi-provisioner");
     assert_eq!(
@@ -313,34 +305,11 @@ pub fn check_node_plugin(node: &Value, driver: &Value, expect: &Expect, origin: 
         "{origin}: {variable}"
     );
 
-    // The node daemon's NBD socket, through a hostPath of its directory
-    // (a directory, so a restarted daemon's new socket is seen).
-    let nbd_socket = flag(driver, "--nbd-socket").expect("--nbd-socket");
-    assert_eq!(nbd_socket, expect.nbd_socket, "{origin}");
-    let (volume, relative) = mount_for(driver, &nbd_socket)
-        .unwrap_or_else(|| panic!("{origin}: --nbd-socket {nbd_socket} is in no mounted volume"));
-    let host = host_path(node, &volume)
-        .unwrap_or_else(|| panic!("{origin}: {nbd_socket} is not on a hostPath volume"));
-    assert_eq!(
-        format!("{host}/{relative}"),
-        expect.nbd_socket,
-        "{origin}: the socket must be the host's"
-    );
-
-    // The state dir (nbdfuse mount points) on the host, its mounts seen there.
-    let state_dir = flag(driver, "--state-dir").expect("--state-dir");
-    assert_eq!(state_dir, expect.state_dir, "{origin}");
-    let state = mount_at(driver, &state_dir)
-        .unwrap_or_else(|| panic!("{origin}: --state-dir {state_dir} is not a mount"));
-    assert_eq!(
-        state["mountPropagation"], "Bidirectional",
-        "{origin}: {state_dir}"
-    );
-    assert_eq!(
-        host_path(node, &string(state, "/name")).as_deref(),
-        Some(state_dir.as_str()),
-        "{origin}: --state-dir must be the host's"
-    );
+    // The block devices are the node daemon's, on the host (it owns their
+    // NBD bridge): the plugin needs no NBD socket and no state of its own.
+    for gone in ["--nbd-socket", "--state-dir"] {
+        assert!(flag(driver, gone).is_none(), "{origin}: {gone} is unused");
+    }
 
     // /dev and the kubelet's directory, with mounts propagated back to the host.
     let dev = mount_for(driver, "/dev/loop-control").expect("/dev mounted");
