@@ -40,7 +40,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
-case " $* " in *" --steady "*) TARGETS=${TARGETS:-trireme3 qemu-direct} exec "$here/steady.sh" "$@" ;; esac
+case " $* " in *" --steady "*) TARGETS=${TARGETS:-trireme3 qemu-direct} STEADY_CMD="bench/replicated.sh $*" exec "$here/steady.sh" "$@" ;; esac
 cmdline="bench/replicated.sh $*"
 parse_flags "$0" "$@"
 if [ $quick = 1 ]; then

@@ -31,7 +31,7 @@ repo=$(cd "$here/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
 cmdline="bench/run.sh $*"
-case " $* " in *" --steady "*) exec "$here/steady.sh" "$@" ;; esac
+case " $* " in *" --steady "*) STEADY_CMD="bench/run.sh $*" exec "$here/steady.sh" "$@" ;; esac
 parse_flags "$0" "$@"
 if [ $quick = 1 ]; then
     RUNTIME=${RUNTIME:-3}; REPEAT=${REPEAT:-1}; SIZE=${SIZE:-256M}

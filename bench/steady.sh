@@ -39,7 +39,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
-cmdline="bench/steady.sh $*"
+cmdline=${STEADY_CMD:-bench/steady.sh $*}
 # run.sh --steady hands its arguments on, --steady included.
 args=()
 for a in "$@"; do [ "$a" = --steady ] || args+=("$a"); done
