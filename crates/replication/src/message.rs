@@ -41,14 +41,6 @@ impl Payload {
         Payload::Data(Arc::new(bytes.into()))
     }
 
-    /// The bytes of a `Data` payload for the store, which keeps them: taken
-    /// as they are when no one else holds them (a replica's decoded
-    /// message), copied otherwise (the primary's own copy, while its
-    /// record of the write still holds them).
-    pub fn into_owned(data: Arc<BlockBuf>) -> BlockBuf {
-        Arc::try_unwrap(data).unwrap_or_else(|shared| BlockBuf::clone(&shared))
-    }
-
     pub fn length(&self) -> u64 {
         match self {
             Payload::Data(data) => data.len() as u64,
@@ -319,9 +311,91 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The bytes of a `Write` with data that come before the data: tag, seq,
+/// offset, fua, settled, payload kind and data length (see
+/// [`ToReplica::encode_head`], [`WriteHead`]).
+pub const WRITE_HEAD_BYTES: usize = 1 + 8 + 8 + 1 + 8 + 1 + 8;
+
+/// A write's fields, read from the first [`WRITE_HEAD_BYTES`] of its
+/// frame, before its data: a link reads the data straight into the
+/// page-aligned buffer the store keeps, instead of into a frame and then
+/// out of it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteHead {
+    pub seq: u64,
+    pub offset: u64,
+    pub fua: bool,
+    pub settled: u64,
+    /// The data that follows: the rest of the frame.
+    pub data_bytes: usize,
+}
+
+impl WriteHead {
+    /// The head of a write whose data is the rest of a frame of
+    /// `frame_bytes`, if `head` (the frame's first [`WRITE_HEAD_BYTES`]) is
+    /// one; `None` for anything else, which is then decoded whole
+    /// ([`ToReplica::decode`]), errors included.
+    pub fn decode(head: &[u8], frame_bytes: usize) -> Option<WriteHead> {
+        if head.len() != WRITE_HEAD_BYTES {
+            return None;
+        }
+        let mut r = Reader(head);
+        if r.u8().ok()? != 2 {
+            return None;
+        }
+        let seq = r.u64().ok()?;
+        let offset = r.u64().ok()?;
+        let fua = r.bool().ok()?;
+        let settled = r.u64().ok()?;
+        if r.u8().ok()? != 0 {
+            return None;
+        }
+        let data_bytes = r.u64().ok()?;
+        // `decode` would refuse the frame: let it say why.
+        if data_bytes > MAX_FRAME_BYTES as u64
+            || frame_bytes.checked_sub(WRITE_HEAD_BYTES)? as u64 != data_bytes
+        {
+            return None;
+        }
+        Some(WriteHead {
+            seq,
+            offset,
+            fua,
+            settled,
+            data_bytes: data_bytes as usize,
+        })
+    }
+
+    /// The write, with the data read after its head.
+    pub fn with_data(self, data: BlockBuf) -> ToReplica {
+        assert_eq!(
+            data.len(),
+            self.data_bytes,
+            "a write's data is the length its head gives"
+        );
+        ToReplica::Write {
+            seq: self.seq,
+            offset: self.offset,
+            payload: Payload::Data(Arc::new(data)),
+            fua: self.fua,
+            settled: self.settled,
+        }
+    }
+}
+
 impl ToReplica {
     /// Appends the message (without a frame length) to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
+        if let Some(data) = self.encode_head(out) {
+            out.extend_from_slice(data);
+        }
+    }
+
+    /// Appends the message to `out` as [`ToReplica::encode`] does, except a
+    /// write's data, which is returned instead: sent right after these
+    /// bytes from its own buffer, it makes the same encoding without a
+    /// copy.
+    pub fn encode_head(&self, out: &mut Vec<u8>) -> Option<&Arc<BlockBuf>> {
         let mut w = Writer(out);
         match self {
             ToReplica::Hello {
@@ -347,7 +421,8 @@ impl ToReplica {
                 match payload {
                     Payload::Data(data) => {
                         w.u8(0);
-                        w.bytes(data);
+                        w.u64(data.len() as u64);
+                        return Some(data);
                     }
                     Payload::Zeroes { length, trim } => {
                         w.u8(1 + *trim as u8);
@@ -382,6 +457,7 @@ impl ToReplica {
                 w.u64(*token);
             }
         }
+        None
     }
 
     pub fn decode(frame: &[u8]) -> Result<ToReplica, DecodeError> {
@@ -559,11 +635,10 @@ mod tests {
         assert_eq!(ToReplica::decode(&out).unwrap(), message);
     }
 
-    /// A replica's store keeps a decoded write's own buffer (page-aligned,
-    /// no copy); the primary's, still shared with its record of the
-    /// write, is copied.
+    /// A decoded write's data is in page-aligned memory, which the store
+    /// keeps as it is.
     #[test]
-    fn decoded_write_data_goes_to_the_store_without_a_copy() {
+    fn decoded_write_data_is_page_aligned() {
         let mut out = Vec::new();
         ToReplica::Write {
             seq: 1,
@@ -580,16 +655,8 @@ mod tests {
         else {
             panic!("a write with data")
         };
-        let decoded_at = data.as_ptr();
-        assert_eq!(decoded_at as usize % BlockBuf::ALIGN, 0);
-        let owned = Payload::into_owned(data);
-        assert_eq!(owned.as_ptr(), decoded_at, "taken, not copied");
-
-        let shared = Arc::new(owned);
-        let kept = shared.clone();
-        let copy = Payload::into_owned(shared);
-        assert_ne!(copy.as_ptr(), kept.as_ptr(), "copied while shared");
-        assert_eq!(copy, *kept);
+        assert_eq!(data.as_ptr() as usize % BlockBuf::ALIGN, 0);
+        assert_eq!(data.len(), 8192);
     }
 
     fn round_trip_from(message: FromReplica) {
@@ -670,7 +737,86 @@ mod tests {
         round_trip_from(FromReplica::Pong { token: u64::MAX });
     }
 
+    /// The encoder hands a write's data over as the payload's own buffer
+    /// (sent from there, never copied into the frame), and the two pieces
+    /// make exactly the bytes of the whole encoding.
+    #[test]
+    fn a_write_encodes_in_two_pieces_without_copying_its_data() {
+        let payload = Payload::data(vec![5u8; 4096]);
+        let Payload::Data(data) = &payload else {
+            unreachable!()
+        };
+        let message = ToReplica::Write {
+            seq: 12,
+            offset: 1 << 30,
+            payload: payload.clone(),
+            fua: false,
+            settled: 11,
+        };
+        let mut head = Vec::new();
+        let handed = message.encode_head(&mut head).expect("a write has data");
+        assert!(Arc::ptr_eq(handed, data), "the payload's own buffer");
+        assert_eq!(head.len(), WRITE_HEAD_BYTES);
+        let mut whole = Vec::new();
+        message.encode(&mut whole);
+        assert_eq!([&head[..], &handed[..]].concat(), whole);
+
+        for other in [
+            ToReplica::Flush { seq: 1 },
+            ToReplica::Write {
+                seq: 2,
+                offset: 0,
+                payload: Payload::Zeroes {
+                    length: 4096,
+                    trim: false,
+                },
+                fua: true,
+                settled: 1,
+            },
+        ] {
+            let mut head = Vec::new();
+            assert!(other.encode_head(&mut head).is_none());
+            let mut whole = Vec::new();
+            other.encode(&mut whole);
+            assert_eq!(head, whole);
+        }
+    }
+
     proptest! {
+        /// A write read head first, then its data, is the write decoded
+        /// from the whole frame.
+        #[test]
+        fn a_write_decodes_from_its_head_and_data(seq: u64, offset: u64, fua: bool, settled: u64, length in 0usize..9000) {
+            let data: Vec<u8> = (0..length).map(|index| index as u8).collect();
+            let message = ToReplica::Write { seq, offset, payload: Payload::data(data.clone()), fua, settled };
+            let mut frame = Vec::new();
+            message.encode(&mut frame);
+            let head = WriteHead::decode(&frame[..WRITE_HEAD_BYTES], frame.len()).expect("a write head");
+            prop_assert_eq!(head.data_bytes, length);
+            prop_assert_eq!(head.with_data(BlockBuf::from(&frame[WRITE_HEAD_BYTES..])), message);
+        }
+
+        /// Whatever a frame holds, a head that decodes promises the same
+        /// message as the whole frame; anything else is left to `decode`.
+        #[test]
+        fn a_write_head_agrees_with_the_whole_decoder(mut bytes in proptest::collection::vec(any::<u8>(), WRITE_HEAD_BYTES..WRITE_HEAD_BYTES + 64), tag_is_write: bool, fua_valid: bool, data_kind: bool) {
+            if tag_is_write {
+                bytes[0] = 2;
+            }
+            if fua_valid {
+                bytes[17] &= 1;
+            }
+            if data_kind {
+                bytes[26] = 0;
+                let data_bytes = (bytes.len() - WRITE_HEAD_BYTES) as u64;
+                bytes[27..35].copy_from_slice(&data_bytes.to_le_bytes());
+            }
+            if let Some(head) = WriteHead::decode(&bytes[..WRITE_HEAD_BYTES], bytes.len()) {
+                let split = head.with_data(BlockBuf::from(&bytes[WRITE_HEAD_BYTES..]));
+                prop_assert_eq!(ToReplica::decode(&bytes), Ok(split));
+            }
+        }
+
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = ToReplica::decode(&bytes);

@@ -1,6 +1,7 @@
 //! A journal record in memory: what a write, trim or zero request became.
 
 use crate::journal::{RecordHeader, RecordKind};
+use std::sync::Arc;
 use trireme_types::{BlockBuf, VolumeId};
 
 pub enum RecordBody {
@@ -10,7 +11,9 @@ pub enum RecordBody {
     /// only names them (kind `Redirect`); applying it swaps the map entries.
     /// `data` of a redirect replayed from the journal is empty: it is on disk.
     Write {
-        data: BlockBuf,
+        /// Shared with the writer, who may keep it (a replicated write's
+        /// primary does, to send it again); never written to.
+        data: Arc<BlockBuf>,
         block_crcs: Vec<u32>,
         fresh_chunks: Vec<u32>,
     },

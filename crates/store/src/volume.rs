@@ -33,9 +33,28 @@ impl Volume {
 
     /// A plain write that this thread puts in the journal itself when the
     /// pool's journal writer is idle, saving a thread hand-off: for callers
-    /// that go on to [`Volume::sync_ahead`] or wait for a flush.
-    pub fn write_now(&self, offset: u64, data: BlockBuf) -> Result<(), TargetError> {
+    /// that go on to [`Volume::sync_ahead`] or wait for a flush. Like every
+    /// write here, `data` is kept as it is, shared with the caller.
+    pub fn write_now(&self, offset: u64, data: Arc<BlockBuf>) -> Result<(), TargetError> {
         self.engine.write_now(self.id, offset, data)
+    }
+
+    /// [`BlockTarget::write`] of data the caller shares: a replicated
+    /// write's primary keeps its payload to send it again, and the store
+    /// keeps the same buffer instead of a copy.
+    pub fn write_shared(
+        &self,
+        offset: u64,
+        data: Arc<BlockBuf>,
+        fua: bool,
+    ) -> Result<(), TargetError> {
+        self.engine.write(self.id, offset, data, fua)
+    }
+
+    /// [`BlockTarget::try_write`] of data the caller shares (see
+    /// [`Volume::write_shared`]).
+    pub fn try_write_shared(&self, offset: u64, data: Arc<BlockBuf>) -> Attempt<(), Arc<BlockBuf>> {
+        self.engine.try_write(self.id, offset, data)
     }
 
     /// While clients flush often, makes what is written durable now, on
@@ -130,11 +149,17 @@ impl BlockTarget for Volume {
     }
 
     fn write(&self, offset: u64, data: BlockBuf, fua: bool) -> Result<(), TargetError> {
-        self.engine.write(self.id, offset, data, fua)
+        self.write_shared(offset, Arc::new(data), fua)
     }
 
     fn try_write(&self, offset: u64, data: BlockBuf) -> Attempt<(), BlockBuf> {
-        self.engine.try_write(self.id, offset, data)
+        match self.try_write_shared(offset, Arc::new(data)) {
+            Attempt::Done(result) => Attempt::Done(result),
+            // Handed back untouched: this is the only reference.
+            Attempt::WouldBlock(data) => Attempt::WouldBlock(
+                Arc::try_unwrap(data).unwrap_or_else(|shared| BlockBuf::clone(&shared)),
+            ),
+        }
     }
 
     fn try_read(&self, offset: u64, buffer: &mut [u8]) -> Option<Result<(), TargetError>> {

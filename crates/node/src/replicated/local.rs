@@ -160,7 +160,9 @@ impl LocalLink {
                 {
                     return Ok((Some(refusal), true));
                 }
-                match volume.try_write(offset, Payload::into_owned(data.clone())) {
+                // The store keeps the payload's own buffer, which the
+                // primary's record of the write shares: no copy.
+                match volume.try_write_shared(offset, data.clone()) {
                     Attempt::Done(result) => Ok((
                         Some(FromReplica::Ack {
                             seq,

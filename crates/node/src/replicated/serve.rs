@@ -26,7 +26,7 @@ use trireme_types::{BlockTarget, Generation, TargetError, VolumeName, ZeroFlags}
 
 use super::clock::Clock;
 use super::meta::{ReplicaMeta, ReplicationMeta};
-use super::wire::{push_frame, read_frame, write_frame, LinkOpen};
+use super::wire::{push_frame, read_to_replica, write_frame, LinkOpen};
 use crate::cluster::Cluster;
 use crate::{Node, NodeError};
 use trireme_control::ReplicaKind;
@@ -266,12 +266,10 @@ impl ReplicaService {
         let mut frame = Vec::new();
         let mut out = Vec::new();
         let result = loop {
-            if let Err(error) = read_frame(&mut reader, &mut frame) {
-                break Err(error);
-            }
-            let message = match ToReplica::decode(&frame) {
-                Ok(message) => message,
-                Err(error) => {
+            let message = match read_to_replica(&mut reader, &mut frame) {
+                Err(error) => break Err(error),
+                Ok(Ok(message)) => message,
+                Ok(Err(error)) => {
                     break Err(std::io::Error::new(
                         std::io::ErrorKind::InvalidData,
                         format!("bad message from the primary: {error}"),
@@ -389,8 +387,10 @@ pub(super) fn execute(volume: &Volume, message: ToReplica) -> FromReplica {
             let result = match payload {
                 // Written on this thread when the journal writer is idle:
                 // one wake-up fewer before the flush that often follows.
-                Payload::Data(data) if !fua => volume.write_now(offset, Payload::into_owned(data)),
-                Payload::Data(data) => volume.write(offset, Payload::into_owned(data), fua),
+                // The store keeps the data's buffer as it is (on the
+                // primary's own copy, shared with its record of the write).
+                Payload::Data(data) if !fua => volume.write_now(offset, data),
+                Payload::Data(data) => volume.write_shared(offset, data, fua),
                 Payload::Zeroes { length, trim: true } => volume.trim(offset, length, fua),
                 Payload::Zeroes {
                     length,

@@ -876,7 +876,7 @@ mod tests {
             0,
             blocks,
             RecordBody::Write {
-                data: BlockBuf::zeroed((blocks * BLOCK_BYTES) as usize),
+                data: std::sync::Arc::new(BlockBuf::zeroed((blocks * BLOCK_BYTES) as usize)),
                 block_crcs: vec![0; blocks as usize],
                 fresh_chunks: Vec::new(),
             },

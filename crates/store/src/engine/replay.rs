@@ -269,7 +269,7 @@ impl Engine {
                     }
                     (
                         RecordBody::Write {
-                            data,
+                            data: std::sync::Arc::new(data),
                             block_crcs: crcs,
                             fresh_chunks: Vec::new(),
                         },
@@ -293,7 +293,7 @@ impl Engine {
                     }
                     (
                         RecordBody::Write {
-                            data: trireme_types::BlockBuf::new(),
+                            data: Default::default(),
                             block_crcs: crcs,
                             fresh_chunks,
                         },

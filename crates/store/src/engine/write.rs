@@ -42,11 +42,14 @@ enum Admit {
 pub const WRITE_NOW_MAX_BYTES: u64 = 32 << 10;
 
 impl Engine {
+    /// Writes `data` at `offset`. The record keeps `data` as it is, shared
+    /// with whoever else holds it (a replicated write's primary keeps it
+    /// to send again): it is never written to afterwards.
     pub fn write(
         &self,
         volume: VolumeId,
         offset: u64,
-        data: BlockBuf,
+        data: Arc<BlockBuf>,
         fua: bool,
     ) -> Result<(), TargetError> {
         if data.is_empty() {
@@ -61,7 +64,7 @@ impl Engine {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             let (first_block, blocks) = self.merge_partial(volume, offset, &data)?;
-            self.write_blocks(volume, first_block, blocks)?
+            self.write_blocks(volume, first_block, Arc::new(blocks))?
         };
         if fua {
             self.note_client_flush();
@@ -105,13 +108,13 @@ impl Engine {
         &self,
         volume: VolumeId,
         first_block: u64,
-        data: BlockBuf,
+        data: Arc<BlockBuf>,
     ) -> Result<u64, TargetError> {
-        let pieces: Vec<BlockBuf> = if data.len() as u64 <= RECORD_MAX_DATA_BYTES {
+        let pieces: Vec<Arc<BlockBuf>> = if data.len() as u64 <= RECORD_MAX_DATA_BYTES {
             vec![data]
         } else {
             data.chunks(RECORD_MAX_DATA_BYTES as usize)
-                .map(BlockBuf::from)
+                .map(|piece| Arc::new(BlockBuf::from(piece)))
                 .collect()
         };
         let mut block = first_block;
@@ -153,12 +156,12 @@ impl Engine {
         if !trim {
             let head_end = end.min(first_whole * BLOCK_BYTES);
             if head_end > offset {
-                let zeroes = BlockBuf::zeroed((head_end - offset) as usize);
+                let zeroes = Arc::new(BlockBuf::zeroed((head_end - offset) as usize));
                 self.write(volume, offset, zeroes, false)?;
             }
             let tail_start = (end_whole * BLOCK_BYTES).max(offset).max(head_end);
             if end > tail_start {
-                let zeroes = BlockBuf::zeroed((end - tail_start) as usize);
+                let zeroes = Arc::new(BlockBuf::zeroed((end - tail_start) as usize));
                 self.write(volume, tail_start, zeroes, false)?;
             }
         }
@@ -192,7 +195,7 @@ impl Engine {
         let mut done = 0;
         while done < length {
             let piece = (length - done).min(RECORD_MAX_DATA_BYTES);
-            let zeroes = BlockBuf::zeroed(piece as usize);
+            let zeroes = Arc::new(BlockBuf::zeroed(piece as usize));
             self.write(volume, offset + done, zeroes, false)?;
             done += piece;
         }
@@ -207,8 +210,8 @@ impl Engine {
         &self,
         volume: VolumeId,
         offset: u64,
-        data: BlockBuf,
-    ) -> Attempt<(), BlockBuf> {
+        data: Arc<BlockBuf>,
+    ) -> Attempt<(), Arc<BlockBuf>> {
         if data.is_empty() {
             return Attempt::Done(Ok(()));
         }
@@ -267,7 +270,7 @@ impl Engine {
         &self,
         volume: VolumeId,
         offset: u64,
-        data: BlockBuf,
+        data: Arc<BlockBuf>,
     ) -> Result<(), TargetError> {
         if data.is_empty()
             || !whole_blocks(offset, &data)
@@ -287,7 +290,7 @@ impl Engine {
         &self,
         volume: VolumeId,
         offset: u64,
-        data: BlockBuf,
+        data: Arc<BlockBuf>,
         admit: Admit,
     ) -> Result<Admission, TargetError> {
         let block_count = data.len() as u64 / BLOCK_BYTES;

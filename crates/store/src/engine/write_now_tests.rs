@@ -55,7 +55,7 @@ fn write_now_writes_on_the_callers_thread_when_the_journal_writer_is_idle() {
     for round in 0..20u8 {
         until_journal_idle(&volume);
         volume
-            .write_now(u64::from(round) * 4096, block(round))
+            .write_now(u64::from(round) * 4096, block(round).into())
             .unwrap();
         // Written by the time it returns: nobody else could have been
         // woken and done it in between.
@@ -75,9 +75,11 @@ fn write_now_hands_large_or_unaligned_writes_to_the_usual_path() {
     let dir = tempfile::tempdir().unwrap();
     let pool = pool(dir.path());
     let volume = volume(&pool);
-    volume.write_now(512, vec![7u8; 100].into()).unwrap();
     volume
-        .write_now(MIB, vec![9u8; MIB as usize].into())
+        .write_now(512, Arc::new(vec![7u8; 100].into()))
+        .unwrap();
+    volume
+        .write_now(MIB, Arc::new(vec![9u8; MIB as usize].into()))
         .unwrap();
     volume.flush().unwrap();
     let mut back = vec![0u8; 4096];
@@ -100,7 +102,7 @@ fn sync_ahead_flushes_only_while_clients_flush() {
     // The applier's checkpoints flush too: keep it out.
     pool.pause_applier(true);
     until_journal_idle(&volume);
-    volume.write_now(0, block(1)).unwrap();
+    volume.write_now(0, block(1).into()).unwrap();
     volume.sync_ahead();
     {
         let state = volume.engine.lock();
@@ -111,7 +113,7 @@ fn sync_ahead_flushes_only_while_clients_flush() {
     }
     volume.flush().unwrap();
     until_journal_idle(&volume);
-    volume.write_now(4096, block(2)).unwrap();
+    volume.write_now(4096, block(2).into()).unwrap();
     volume.sync_ahead();
     let state = volume.engine.lock();
     assert_eq!(state.durable_sequence, state.written_sequence);
@@ -138,7 +140,9 @@ fn concurrent_writers_keep_the_journal_in_order() {
                             .write(block_index * 4096, block(seed), false)
                             .unwrap();
                     } else {
-                        volume.write_now(block_index * 4096, block(seed)).unwrap();
+                        volume
+                            .write_now(block_index * 4096, block(seed).into())
+                            .unwrap();
                     }
                     if round % 5 == 0 {
                         volume.flush().unwrap();

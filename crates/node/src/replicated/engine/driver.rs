@@ -20,6 +20,7 @@ use trireme_types::{Generation, NodeId, SnapshotId, VolumeName};
 use super::super::clock::Clock;
 use super::super::local::{LocalLink, LocalOutcome};
 use super::super::serve::ReplicaService;
+use super::super::wire::Frames;
 use super::remote::RemoteLink;
 use super::tasks::PersistJob;
 use super::{Core, Input, Reply};
@@ -98,9 +99,9 @@ pub(super) struct Driver {
     local: Option<Arc<Volume>>,
     core: Weak<Core>,
     links: BTreeMap<NodeId, LinkSlot>,
-    /// Frames for remote links produced in this round, written to their
-    /// sockets at its end (one write per link serves many messages).
-    staged: BTreeMap<NodeId, Vec<u8>>,
+    /// Frames for remote links produced in this round, handed to their
+    /// links at its end (one write per link serves many messages).
+    staged: BTreeMap<NodeId, Frames>,
     /// Inputs that arose while the lock was held (a link coming up
     /// in-process): handled in the same round.
     queued: VecDeque<Input>,
@@ -428,8 +429,7 @@ impl Driver {
             Action::Send { to, message } => {
                 match self.links.get(&to).and_then(|slot| slot.sender.as_ref()) {
                     Some(LinkSender::Remote(_)) => {
-                        let frames = self.staged.entry(to).or_default();
-                        super::super::wire::push_frame(frames, |body| message.encode(body));
+                        self.staged.entry(to).or_default().push(&message);
                     }
                     Some(LinkSender::Local(local)) => {
                         if let Some((reply, close)) = local.send(message) {

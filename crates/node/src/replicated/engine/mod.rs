@@ -6,14 +6,15 @@
 //! Whoever has an event hands it to the engine at once, under its lock:
 //! the NBD server's task with a client request, a link's reader task with
 //! a replica's acknowledgements, the local link's worker with a flush's.
-//! The actions that follow are carried out on the same thread, and frames
-//! for the replicas go straight into their sockets (a non-blocking write;
-//! what the socket does not take waits for the link's flusher task). So a
-//! replicated write costs no thread switch on the primary between the
-//! client's request and the replicas' sockets, nor between the last
-//! acknowledgement and the client's completion; the only switches left
-//! are the network's. The engine's own task ticks its clock, and takes
-//! over the inputs once the engine stops.
+//! The actions that follow are carried out on the same thread; frames for
+//! the replicas go to their links' flusher tasks, which run on the same
+//! worker as soon as the caller's task yields, and send every frame queued
+//! by then with one system call per link (see `remote`). So a replicated
+//! write costs no thread switch on the primary between the client's
+//! request and the replicas' sockets, nor between the last
+//! acknowledgement and the client's completion, and a burst of requests
+//! costs one send per link, not one per request. The engine's own task
+//! ticks its clock, and takes over the inputs once the engine stops.
 //!
 //! Modules: `driver` (the engine's state and its actions), `remote` (links
 //! to other nodes: connect, read, write), `tasks` (dirty-map persistence,

@@ -1,9 +1,11 @@
 //! Links to replicas on other nodes: one TCP connection each, opened with
-//! a signed preamble. Frames go into the socket from whichever thread runs
-//! the engine (a non-blocking write); what the socket does not take at
-//! once waits in the link's outbox for its flusher task. A reader task
-//! hands the replica's replies to the engine, a burst at a time.
+//! a signed preamble. Frames wait in the link's outbox for its flusher
+//! task, which writes all that is queued with one vectored write (a
+//! write's data from its own buffer, never copied into the frame); from a
+//! thread outside the runtime they go into the socket at once. A reader
+//! task hands the replica's replies to the engine, a burst at a time.
 
+use std::collections::VecDeque;
 use std::io::ErrorKind;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -14,7 +16,7 @@ use tokio::task::JoinHandle;
 use trireme_replication::FromReplica;
 use trireme_types::{NodeId, VolumeName};
 
-use super::super::wire::{push_frame, read_frame_async, LinkOpen};
+use super::super::wire::{push_frame, read_frame_async, Frames, LinkOpen, MAX_WRITE_SLICES};
 use super::driver::LinkSender;
 use super::{Core, Input};
 
@@ -32,23 +34,49 @@ pub(crate) struct RemoteLink {
     wake: Arc<Notify>,
 }
 
-/// Bytes the socket has not taken yet. Its size is bounded by the engine's
-/// limit on unacknowledged bytes per link: a frame is unacknowledged until
-/// long after it left here.
+/// Frames the socket has not taken yet. Its size is bounded by the
+/// engine's limit on unacknowledged bytes per link: a frame is
+/// unacknowledged until long after it left here.
 #[derive(Default)]
 struct Outbox {
-    buffer: Vec<u8>,
-    /// How much of `buffer` is written.
+    queue: VecDeque<Frames>,
+    /// How much of the first frames in `queue` is written.
     written: usize,
-    /// No more frames come: the flusher ends once the buffer is out.
+    /// No more frames come: the flusher ends once the queue is out.
     finishing: bool,
     /// The socket failed; the link is going down.
     broken: bool,
 }
 
 impl Outbox {
-    fn pending(&self) -> usize {
-        self.buffer.len() - self.written
+    /// One vectored write of what is queued; the bytes the socket took.
+    fn write_to(&mut self, writer: &OwnedWriteHalf) -> std::io::Result<usize> {
+        let mut slices = Vec::new();
+        let mut skip = self.written;
+        for frames in &self.queue {
+            frames.slices(skip, &mut slices);
+            skip = 0;
+            if slices.len() >= MAX_WRITE_SLICES {
+                break;
+            }
+        }
+        let written = writer.try_write_vectored(&slices)?;
+        drop(slices);
+        self.advance(written);
+        Ok(written)
+    }
+
+    fn advance(&mut self, mut written: usize) {
+        while let Some(front) = self.queue.front() {
+            let left = front.len() - self.written;
+            if written < left {
+                self.written += written;
+                return;
+            }
+            written -= left;
+            self.written = 0;
+            self.queue.pop_front();
+        }
     }
 }
 
@@ -59,25 +87,31 @@ fn lock(outbox: &Mutex<Outbox>) -> std::sync::MutexGuard<'_, Outbox> {
 impl RemoteLink {
     /// Sends `frames` after everything sent before; an error means the
     /// socket is broken.
-    pub fn send(&self, frames: Vec<u8>) -> Result<(), ()> {
+    ///
+    /// Called from a task (the NBD server's, a link reader's), the frames
+    /// are left to the flusher task, which runs on this worker as soon as
+    /// the caller's task yields: by then the caller has usually handed the
+    /// engine every request of its burst, and one system call sends them
+    /// all, instead of one per request. From any other thread, with
+    /// nothing queued, they go into the socket at once, rather than wake a
+    /// worker for them.
+    pub fn send(&self, frames: Frames) -> Result<(), ()> {
         let mut outbox = lock(&self.outbox);
         if outbox.broken {
             return Err(());
         }
-        if outbox.pending() > 0 {
-            outbox.buffer.extend_from_slice(&frames);
-        } else {
-            let written = match self.writer.try_write(&frames) {
-                Ok(written) if written == frames.len() => return Ok(()),
-                Ok(written) => written,
-                Err(error) if error.kind() == ErrorKind::WouldBlock => 0,
+        let idle = outbox.queue.is_empty();
+        outbox.queue.push_back(frames);
+        if idle && tokio::task::try_id().is_none() {
+            match outbox.write_to(&self.writer) {
+                Ok(_) if outbox.queue.is_empty() => return Ok(()),
+                Ok(_) => {}
+                Err(error) if error.kind() == ErrorKind::WouldBlock => {}
                 Err(_) => {
                     outbox.broken = true;
                     return Err(());
                 }
-            };
-            outbox.buffer = frames;
-            outbox.written = written;
+            }
         }
         drop(outbox);
         self.wake.notify_one();
@@ -105,20 +139,14 @@ async fn flush(
         loop {
             {
                 let mut out = lock(&outbox);
-                if out.pending() == 0 {
-                    out.buffer.clear();
-                    out.written = 0;
+                if out.queue.is_empty() {
                     if out.finishing {
                         return Ok(());
                     }
                     break;
                 }
-                let start = out.written;
-                match writer.try_write(&out.buffer[start..]) {
-                    Ok(written) => {
-                        out.written += written;
-                        continue;
-                    }
+                match out.write_to(&writer) {
+                    Ok(_) => continue,
                     Err(error) if error.kind() == ErrorKind::WouldBlock => {}
                     Err(error) => {
                         out.broken = true;
