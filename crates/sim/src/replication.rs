@@ -4,7 +4,9 @@
 //!
 //! [`run_replication_sim`] drives the real sans-IO machines of
 //! `trireme_replication`, a [`Primary`] engine on the primary node and a
-//! [`ReplicaSide`] on every member, over a simulated world in which every
+//! [`ReplicaSide`] on every member, with the real message codec between
+//! them and the control crate's real `ClusterState::apply` as the
+//! arbiter, over a simulated world in which every
 //! choice comes from the seed: a discrete-event loop with a clock in
 //! milliseconds, no threads and no real time. One seed is one history;
 //! running it again replays it exactly (same [`ReplicationSimReport`], down to
@@ -34,7 +36,12 @@
 //!   crash, lost unflushed writes and torn in-flight writes (a
 //!   random part of their blocks reached the platter).
 //! - **Links**: one FIFO, reliable channel per (engine, member) and
-//!   connection, with seeded latencies; different links reorder freely. A
+//!   connection, with seeded latencies; different links reorder freely.
+//!   What travels is bytes: every message is encoded with the real
+//!   `ToReplica::encode` / `FromReplica::encode` when sent and decoded with
+//!   `decode` when it arrives (a frame that does not decode, or is larger
+//!   than `MAX_FRAME_BYTES`, fails the seed). The length prefix around a
+//!   frame is crates/node's `replicated/wire.rs`, not run here. A
 //!   dropped link loses what is in flight both ways and is never resumed;
 //!   the replica keys its links by link id, so nothing of an old link is
 //!   ever applied. The driver reconnects after a delay. Partitions cut a set
@@ -47,15 +54,27 @@
 //!   replica, its disk and persists waits. When it continues, its engine
 //!   ticks first (the worst order: its timer fired while it was stopped),
 //!   then everything that waited is handled in the order it arrived.
-//! - **Control plane**: a linearizable arbiter holding the volume's
-//!   [`View`]. `MarkOutdated`/`MarkInSync` apply iff their generation is the
-//!   arbiter's (else `Stale`); `MarkOutdated` never empties the in-sync set
-//!   (`Refused`). Answers are delayed, sometimes `Unavailable`, sometimes
-//!   lost after the commit. Every change is pushed to the running engines
-//!   after a delay. Attaching bumps the generation and starts an engine with
-//!   the arbiter's view and the node's persisted dirty maps; it happens when
-//!   the primary crashed, was cut off for a while or detached, and at
-//!   random (a forced move, the old engine fenced while it still runs).
+//! - **Control plane**: a linearizable arbiter holding a real
+//!   `trireme_control::ClusterState` (the run's nodes and the one volume,
+//!   made by the commands a cluster is made with). An engine's proposals
+//!   become the commands the node proposes for them
+//!   (`Command::MarkOutdated`/`MarkInSync` with the engine's generation and
+//!   node, attributed to that node), applied by the control crate's own
+//!   `apply`: its fencing check (the current generation, from a current
+//!   primary) answers `Stale`, its last-up-to-date rule `Refused`, mapped
+//!   as the node maps them. The leader's refusal of a replica being
+//!   evicted is simulated (`refuse_in_sync`). Answers are delayed,
+//!   sometimes `Unavailable`, sometimes lost after the commit. The engines'
+//!   [`View`] is derived from the volume's record after every command, as
+//!   the node derives it, and pushed to the running engines after a delay.
+//!   Attaching is `Command::AttachVolume` with `force_takeover` (or
+//!   `ReattachVolume` when the node is still a primary: its engine died
+//!   with a crash), which moves the generation on; it starts an engine with
+//!   the view and the node's persisted dirty maps, when the primary
+//!   crashed, was cut off for a while or detached, and at random (a forced
+//!   move, the old engine fenced while it still runs). A detach is
+//!   `Command::DetachVolume`. The state's nodes always count as online:
+//!   the simulator decides when to fail over.
 //! - **Replica driver** (what the node daemon must do too): a link's
 //!   messages are handled in order; an accepted hello persists the generation
 //!   and `clean = false` before the welcome goes out; a goodbye that
@@ -138,12 +157,17 @@ use std::panic::AssertUnwindSafe;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use trireme_control::{
+    Actor, ClusterState, Command, CommandError, NodeRegistration, PoolRecord, PoolReport,
+    ReplicaKind, ReplicaObserved, ReplicaRecord, Reply, VolumeRecord,
+};
+use trireme_replication::message::MAX_FRAME_BYTES;
 use trireme_replication::{
     Action, BlockHash, ClientError, ClientRequest, Completion, Config as EngineConfig, DirtyMap,
     FromReplica, HelloOutcome, LinkId, NoQuorumPolicy, Payload, Primary, Proposal, ProposalResult,
     ReadData, ReplicaError, ReplicaSide, ToReplica, VerifyState, View, REGION_BYTES,
 };
-use trireme_types::{Generation, NodeId, SnapshotId};
+use trireme_types::{DeviceClass, Generation, NodeId, NodeName, PoolName, SnapshotId, VolumeName};
 
 const BLOCK: u64 = 4096;
 /// How often the engines' `tick` runs.
@@ -977,16 +1001,16 @@ impl Block {
 enum Ev {
     Step,
     Tick,
-    /// Primary → replica on a link.
+    /// Primary → replica on a link: an encoded `ToReplica`.
     Deliver {
         link: LinkId,
-        message: ToReplica,
+        frame: Vec<u8>,
         op: Option<u64>,
     },
-    /// Replica → primary.
+    /// Replica → primary: an encoded `FromReplica`.
     Reply {
         link: LinkId,
-        message: FromReplica,
+        frame: Vec<u8>,
     },
     Close {
         link: LinkId,
@@ -1004,9 +1028,10 @@ enum Ev {
         incarnation: u64,
         op: PersistOp,
     },
-    /// A proposal reaches the arbiter.
+    /// A proposal of the engine on node `by` reaches the arbiter.
     Apply {
         engine: EngineId,
+        by: NodeId,
         generation: Generation,
         id: u64,
         proposal: Proposal,
@@ -1038,9 +1063,140 @@ enum Phase {
     Done,
 }
 
+/// The control plane: the real cluster state, changed only by the real
+/// `ClusterState::apply` with the commands a node proposes.
 struct Arbiter {
+    state: ClusterState,
+    volume: VolumeName,
+    /// The volume's view, as an engine derives it from the state: updated
+    /// after every command.
     view: View,
     current: Option<EngineId>,
+}
+
+impl Arbiter {
+    /// A cluster of the run's nodes (node ids 1 to n, the diskful ones
+    /// first), made by the commands a real cluster is made with, and one
+    /// volume with a diskful replica on each diskful node. The replica
+    /// layout and the starting in-sync set are then set to the run's
+    /// (the placer chooses tiebreakers by its own rules; the start is not
+    /// what is under test).
+    fn new(cfg: &ReplicationSimConfig) -> Arbiter {
+        let mut state = ClusterState::default();
+        let name = |n: u64| NodeName::new(format!("n{n}")).expect("a valid node name");
+        let nodes = (cfg.diskful + cfg.tiebreakers) as u64;
+        for n in 1..=nodes {
+            let node = NodeRegistration {
+                name: name(n),
+                api_address: format!("127.0.0.1:{}", 7000 + n),
+                nbd_address: None,
+                data_address: None,
+                labels: BTreeMap::new(),
+            };
+            let command = if n == 1 {
+                Command::Bootstrap {
+                    cluster_id: "sim".into(),
+                    join_secret: "sim".into(),
+                    node,
+                    now_ms: 0,
+                }
+            } else {
+                Command::AddNode {
+                    node,
+                    nonce: format!("join-{n}"),
+                    now_ms: 0,
+                }
+            };
+            state.apply(command).expect("a new cluster takes its nodes");
+        }
+        let pool = PoolName::new("default").expect("a valid pool name");
+        for n in 1..=cfg.diskful as u64 {
+            let report = PoolReport {
+                name: pool.clone(),
+                record: PoolRecord {
+                    class: DeviceClass::Ssd,
+                    capacity_bytes: 1 << 40,
+                    free_bytes: 1 << 40,
+                    online: true,
+                    reported_ms: 0,
+                },
+            };
+            state
+                .apply(Command::ReportPools {
+                    node: NodeId(n),
+                    pools: vec![report],
+                })
+                .expect("a node reports its pools");
+        }
+        let volume = VolumeName::new("sim").expect("a valid volume name");
+        state
+            .apply(Command::CreateVolume {
+                name: volume.clone(),
+                size_bytes: cfg.size_bytes,
+                group: None,
+                replicas: Some(cfg.diskful),
+                nodes: Some((1..=cfg.diskful as u64).map(name).collect()),
+                pool: None,
+                adopt: None,
+                now_ms: 0,
+            })
+            .expect("the volume is placed on the diskful nodes");
+        let record = state.volumes.get_mut(&volume).expect("created");
+        record
+            .replicas
+            .retain(|replica| replica.kind == ReplicaKind::Diskful);
+        for n in cfg.diskful as u64 + 1..=nodes {
+            record.replicas.push(ReplicaRecord {
+                node: NodeId(n),
+                kind: ReplicaKind::Tiebreaker,
+                pool: None,
+                observed: ReplicaObserved::Ready,
+                allocated_bytes: 0,
+                sync: None,
+            });
+        }
+        record.in_sync = (1..=cfg.initial_in_sync as u64).map(NodeId).collect();
+        state
+            .check_invariants()
+            .expect("the run's starting state is a valid cluster state");
+        let view = view_of(&state.volumes[&volume]);
+        Arbiter {
+            state,
+            volume,
+            view,
+            current: None,
+        }
+    }
+
+    /// Applies `command` as the node that proposes it does (attributed to
+    /// that node, so the event log's derivation runs too), and refreshes
+    /// the view.
+    fn apply(&mut self, by: NodeId, now: Time, command: Command) -> Result<Reply, CommandError> {
+        let result = self.state.apply(Command::Attributed {
+            actor: Actor::Node(by),
+            now_ms: now,
+            command: Box::new(command),
+        });
+        self.view = view_of(&self.state.volumes[&self.volume]);
+        result
+    }
+}
+
+/// The view an engine works with, from the volume's record (what the node
+/// derives, crates/node/src/replicated/engine/mod.rs `view_of`).
+fn view_of(record: &VolumeRecord) -> View {
+    View {
+        generation: record.generation,
+        primaries: record.primaries.iter().map(|p| p.node).collect(),
+        diskful: record.diskful().map(|r| r.node).collect(),
+        tiebreakers: record
+            .replicas
+            .iter()
+            .filter(|r| r.kind == ReplicaKind::Tiebreaker)
+            .map(|r| r.node)
+            .collect(),
+        in_sync: record.in_sync.clone(),
+    }
 }
 
 struct Sim {
@@ -1131,15 +1287,7 @@ impl Sim {
                 },
             );
         }
-        let view = View {
-            generation: Generation(1),
-            primaries: BTreeSet::new(),
-            diskful: (1..=cfg.diskful as u64).map(NodeId).collect(),
-            tiebreakers: (cfg.diskful as u64 + 1..=(cfg.diskful + cfg.tiebreakers) as u64)
-                .map(NodeId)
-                .collect(),
-            in_sync: (1..=cfg.initial_in_sync as u64).map(NodeId).collect(),
-        };
+        let arbiter = Arbiter::new(&cfg);
         Sim {
             seed,
             rng: StdRng::seed_from_u64(seed),
@@ -1154,10 +1302,7 @@ impl Sim {
             next_link: 1,
             engines: BTreeMap::new(),
             next_engine: 1,
-            arbiter: Arbiter {
-                view,
-                current: None,
-            },
+            arbiter,
             ops: BTreeMap::new(),
             next_op: 1,
             payloads: BTreeMap::new(),
@@ -1344,8 +1489,20 @@ impl Sim {
                 let next = self.now + TICK_MS;
                 self.at(next, Ev::Tick);
             }
-            Ev::Deliver { link, message, op } => self.replica_receive(link, message, op),
-            Ev::Reply { link, message } => self.engine_receive(link, message),
+            Ev::Deliver { link, frame, op } => match ToReplica::decode(&frame) {
+                Ok(message) => self.replica_receive(link, message, op),
+                Err(error) => self.violate(format!(
+                    "link {link}: the replica cannot decode a frame of {} bytes the primary encoded: {error}",
+                    frame.len()
+                )),
+            },
+            Ev::Reply { link, frame } => match FromReplica::decode(&frame) {
+                Ok(message) => self.engine_receive(link, message),
+                Err(error) => self.violate(format!(
+                    "link {link}: the primary cannot decode a frame of {} bytes the replica encoded: {error}",
+                    frame.len()
+                )),
+            },
             Ev::Close { link } => self.close_link(link),
             Ev::Connect { engine, node } => self.connect(engine, node),
             Ev::Disk { node, incarnation } => self.disk_run(node, incarnation),
@@ -1356,10 +1513,11 @@ impl Sim {
             } => self.persist_done(node, incarnation, op),
             Ev::Apply {
                 engine,
+                by,
                 generation,
                 id,
                 proposal,
-            } => self.arbiter_apply(engine, generation, id, proposal),
+            } => self.arbiter_apply(engine, by, generation, id, proposal),
             Ev::Answer { engine, id, result } => {
                 let Some(node) = self.engines.get(&engine).map(|e| e.node) else {
                     return;
@@ -1839,9 +1997,32 @@ impl Sim {
             ));
             return;
         }
-        let generation = self.arbiter.view.generation.next();
-        self.arbiter.view.generation = generation;
-        self.arbiter.view.primaries = [node].into_iter().collect();
+        // A node that is still a primary restarted its engine (a crash):
+        // it reattaches, as the node does; any other attach takes the
+        // volume over from whoever was primary (a failover or a forced
+        // move), which fences it.
+        let now_ms = self.now;
+        let name = self.arbiter.volume.clone();
+        let command = if self.arbiter.view.primaries.contains(&node) {
+            Command::ReattachVolume { name, node, now_ms }
+        } else {
+            Command::AttachVolume {
+                name,
+                node,
+                allow_two_primaries: false,
+                force_takeover: true,
+                now_ms,
+            }
+        };
+        let generation = match self.arbiter.apply(node, now_ms, command) {
+            Ok(Reply::Attached { generation, .. } | Reply::Generation(generation)) => generation,
+            answer => {
+                self.violate(format!(
+                    "the control plane answered an attach on node {node} with {answer:?}"
+                ));
+                return;
+            }
+        };
         let id = self.next_engine;
         self.next_engine += 1;
         self.report.attaches += 1;
@@ -2560,6 +2741,32 @@ impl Sim {
         }
     }
 
+    /// `message` as a data link carries it: the real encoder's frame body.
+    /// (The length prefix around it is crates/node's frame layer, which
+    /// refuses bodies over `MAX_FRAME_BYTES`.)
+    fn encode_to(&mut self, message: &ToReplica) -> Vec<u8> {
+        let mut frame = Vec::new();
+        message.encode(&mut frame);
+        self.check_frame(frame.len(), || summary_to(message));
+        frame
+    }
+
+    fn encode_from(&mut self, message: &FromReplica) -> Vec<u8> {
+        let mut frame = Vec::new();
+        message.encode(&mut frame);
+        self.check_frame(frame.len(), || summary_from(message));
+        frame
+    }
+
+    fn check_frame(&mut self, length: usize, summary: impl FnOnce() -> String) {
+        if length > MAX_FRAME_BYTES {
+            let summary = summary();
+            self.violate(format!(
+                "{summary} encodes to {length} bytes, more than a peer accepts ({MAX_FRAME_BYTES})"
+            ));
+        }
+    }
+
     fn replica_send(&mut self, link: LinkId, message: FromReplica) {
         let Some(l) = self.links.get(&link) else {
             return;
@@ -2572,7 +2779,8 @@ impl Sim {
         let l = self.links.get_mut(&link).expect("checked");
         l.from_at = l.from_at.max(self.now + delay);
         let time = l.from_at;
-        self.at(time, Ev::Reply { link, message });
+        let frame = self.encode_from(&message);
+        self.at(time, Ev::Reply { link, frame });
     }
 
     /// The replica refuses on `link`: the refusal goes out, then the link
@@ -2648,14 +2856,15 @@ impl Sim {
                             "node {member}: link {link} (engine {engine}): {summary} waits until {until_ms} for older leases"
                         ));
                         self.close_older_links(member, link, generation);
+                        let frame = self.encode_to(&ToReplica::Hello {
+                            generation,
+                            primary,
+                        });
                         self.at(
                             until_ms,
                             Ev::Deliver {
                                 link,
-                                message: ToReplica::Hello {
-                                    generation,
-                                    primary,
-                                },
+                                frame,
                                 op: None,
                             },
                         );
@@ -3222,7 +3431,8 @@ impl Sim {
                 let l = self.links.get_mut(&link).expect("an engine's link exists");
                 l.to_at = l.to_at.max(self.now + delay);
                 let time = l.to_at;
-                self.at(time, Ev::Deliver { link, message, op });
+                let frame = self.encode_to(&message);
+                self.at(time, Ev::Deliver { link, frame, op });
             }
             Action::Reset { to } => {
                 self.log(format!("engine {id}: reset link to node {to}"));
@@ -3405,6 +3615,7 @@ impl Sim {
             time,
             Ev::Apply {
                 engine,
+                by: node,
                 generation,
                 id,
                 proposal,
@@ -3412,48 +3623,60 @@ impl Sim {
         );
     }
 
+    /// The node's proposal, as the command the node proposes for it
+    /// (crates/node/src/replicated/engine/driver.rs), applied by the real
+    /// `ClusterState::apply` with its fencing check; its answer mapped as
+    /// the node maps it.
     fn arbiter_apply(
         &mut self,
         engine: EngineId,
+        by: NodeId,
         generation: Generation,
         id: u64,
         proposal: Proposal,
     ) {
-        let view = &mut self.arbiter.view;
-        let mut removed = false;
-        let mut changed = false;
-        let result = if generation != view.generation {
-            ProposalResult::Stale
+        let name = self.arbiter.volume.clone();
+        let command = match &proposal {
+            Proposal::MarkOutdated { node } => Command::MarkOutdated {
+                name,
+                generation,
+                node: *node,
+                by,
+            },
+            Proposal::MarkInSync { node } => Command::MarkInSync {
+                name,
+                generation,
+                node: *node,
+                by,
+            },
+            Proposal::Progress { .. } => return,
+        };
+        // The leader refuses to mark a replica in sync while it evicts its
+        // node: a refusal the state alone does not give.
+        let evicting = match &proposal {
+            Proposal::MarkInSync { node } => {
+                generation == self.arbiter.view.generation
+                    && self.phase == Phase::Run
+                    && !self.arbiter.view.in_sync.contains(node)
+                    && self.rng.gen_bool(self.cfg.refuse_in_sync)
+            }
+            _ => false,
+        };
+        let before = self.arbiter.view.in_sync.clone();
+        let result = if let (true, Proposal::MarkInSync { node }) = (evicting, &proposal) {
+            ProposalResult::Refused(format!("node {node} is being evicted"))
         } else {
-            match &proposal {
-                Proposal::MarkOutdated { node } => {
-                    if !view.in_sync.contains(node) {
-                        ProposalResult::Committed
-                    } else if view.in_sync.len() == 1 {
-                        ProposalResult::Refused(format!(
-                            "node {node} is the last up-to-date replica"
-                        ))
-                    } else {
-                        view.in_sync.remove(node);
-                        removed = true;
-                        changed = true;
-                        ProposalResult::Committed
-                    }
+            match self.arbiter.apply(by, self.now, command) {
+                Ok(_) => ProposalResult::Committed,
+                Err(CommandError::StaleGeneration { .. } | CommandError::NotPrimary { .. }) => {
+                    ProposalResult::Stale
                 }
-                Proposal::MarkInSync { node } => {
-                    if self.phase == Phase::Run
-                        && !view.in_sync.contains(node)
-                        && self.rng.gen_bool(self.cfg.refuse_in_sync)
-                    {
-                        ProposalResult::Refused(format!("node {node} is being evicted"))
-                    } else {
-                        changed = view.in_sync.insert(*node);
-                        ProposalResult::Committed
-                    }
-                }
-                Proposal::Progress { .. } => return,
+                Err(error) => ProposalResult::Refused(error.to_string()),
             }
         };
+        let after = &self.arbiter.view.in_sync;
+        let removed = after.len() < before.len();
+        let changed = *after != before;
         if removed {
             self.report.outdated += 1;
             if self.phase == Phase::Run && self.cfg.only_full_pools() {
@@ -3512,7 +3735,15 @@ impl Sim {
         if self.arbiter.current == Some(id) {
             self.arbiter.current = None;
             if engine.detach_started.is_some() && reason.contains("detached") {
-                self.arbiter.view.primaries.clear();
+                let detach = Command::DetachVolume {
+                    name: self.arbiter.volume.clone(),
+                    node: Some(engine.node),
+                };
+                if let Err(error) = self.arbiter.apply(engine.node, self.now, detach) {
+                    self.violate(format!(
+                        "the control plane refused the detach of engine {id}: {error}"
+                    ));
+                }
             } else {
                 self.violate(format!(
                     "the current engine {id} (generation {}) stopped: {reason}",
