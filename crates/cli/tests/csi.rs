@@ -326,8 +326,8 @@ impl Drop for Plugin {
     }
 }
 
-/// Takes down what the driver set up under `dir` (mounts, loop devices,
-/// nbdfuse), whatever state a test left it in.
+/// Takes down what the driver or the node daemon set up under `dir`
+/// (mounts, loop devices, nbdfuse), whatever state a test left it in.
 struct Cleanup(PathBuf);
 
 impl Drop for Cleanup {
@@ -366,6 +366,18 @@ impl Drop for Cleanup {
             );
         }
     }
+}
+
+/// Cleanups of the test's directory, then of each node's data directory
+/// (where the daemon keeps the devices it made), in that order: a vector
+/// drops its elements first to last, so the test's mounts on the devices
+/// go before the devices. Declare it after the nodes, so it runs before
+/// they stop.
+fn cleanup_after(dir: &Path, nodes: &[TestNode]) -> Vec<Cleanup> {
+    std::iter::once(dir.to_path_buf())
+        .chain(nodes.iter().map(TestNode::data_dir))
+        .map(Cleanup)
+        .collect()
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -456,7 +468,7 @@ fn csi_sanity_passes_for_mount_and_block_volumes() {
     };
     let nodes = three_nodes();
     let dir = TempDir::new("csi-sanity");
-    let _cleanup = Cleanup(dir.path().to_path_buf());
+    let _cleanup = cleanup_after(dir.path(), &nodes);
     let apis: Vec<&TestNode> = nodes.iter().collect();
     let plugin = Plugin::start(dir.path(), "all", "all", Some(&nodes[0]), &apis);
     run_sanity(&sanity, dir.path(), &plugin, "mount");
@@ -715,7 +727,7 @@ fn a_dead_nodes_volume_is_taken_over_at_once_and_a_live_writer_is_never_doubled(
     }
     let mut nodes = three_locked_nodes();
     let dir = TempDir::new("csi-takeover");
-    let _cleanup = Cleanup(dir.path().to_path_buf());
+    let _cleanup = cleanup_after(dir.path(), &nodes);
     let apis: Vec<&TestNode> = nodes.iter().collect();
     let token = std::fs::read_to_string(nodes[0].data_dir().join("admin.token")).unwrap();
     let token = token.trim().to_string();
@@ -1015,10 +1027,7 @@ fn restarting_the_node_plugin_while_fio_writes_interrupts_nothing() {
     }
     let nodes = three_nodes();
     let dir = TempDir::new("csi-restart");
-    // Dropped in reverse: the test's mounts go first, then the daemon's
-    // devices and nbdfuse mounts.
-    let _node_cleanup = Cleanup(nodes[0].data_dir());
-    let _cleanup = Cleanup(dir.path().to_path_buf());
+    let _cleanup = cleanup_after(dir.path(), &nodes);
     let apis: Vec<&TestNode> = nodes.iter().collect();
     let mut plugin = Plugin::start_in_pid_namespace(dir.path(), "n1", Some(&nodes[0]), &apis);
     let block = block_capability(Mode::SingleNodeWriter);
