@@ -3,7 +3,7 @@
 # one `trireme-csi --mode all` for node n1, a CSI client
 # (crates/csi/examples/csi_bench.rs) takes COUNT volumes through what
 # Kubernetes does for a pod's new volume and back:
-#   CreateVolume -> ControllerPublishVolume -> NodeStageVolume (nbdfuse, loop,
+#   CreateVolume -> ControllerPublishVolume -> NodeStageVolume (the daemon's nbdfuse + loop,
 #   mkfs.ext4, mount) -> NodePublishVolume (bind mount): "create to mounted"
 #   NodeUnpublish -> NodeUnstage -> ControllerUnpublish, then DeleteVolume:
 #   "delete" (the RPC) and "space given back" (the wave's first DeleteVolume
@@ -149,8 +149,8 @@ done
 [ $settled = 1 ] || die "the cluster did not settle"
 
 log "starting trireme-csi --mode all for n1"
+# The node daemon n1 makes the block devices (under $SCRATCH/n1/devices).
 "$csi" --endpoint "unix://$SCRATCH/csi.sock" --mode all --node-name n1 --api "$apis" \
-    --nbd-socket "$SCRATCH/n1/nbd.sock" --state-dir "$SCRATCH/csi-state" \
     >"$SCRATCH/csi.log" 2>&1 &
 pids_to_kill+=($!)
 for _ in $(seq 1 200); do [ -S "$SCRATCH/csi.sock" ] && break; sleep 0.1; done
