@@ -1018,14 +1018,15 @@ fn loops_under(dir: &Path) -> Vec<String> {
 /// to both with crc32c verification while the plugin's namespace dies and
 /// a new plugin starts: the block devices belong to the node daemon
 /// (nbdfuse, the loop devices), so fio never sees an error and verifies
-/// every block. The new plugin then unpublishes and unstages both, and
-/// the daemon releases the devices.
+/// every block. The daemon is then killed and started again: the loop
+/// devices stay, and the new plugin's unpublish and unstage of both make
+/// the restarted daemon release them (found by their backing files).
 #[test]
 fn restarting_the_node_plugin_while_fio_writes_interrupts_nothing() {
     if prerequisites().is_none() || !tools_or_skip(&["fio", "unshare"]) {
         return;
     }
-    let nodes = three_nodes();
+    let mut nodes = three_nodes();
     let dir = TempDir::new("csi-restart");
     let _cleanup = cleanup_after(dir.path(), &nodes);
     let apis: Vec<&TestNode> = nodes.iter().collect();
@@ -1118,17 +1119,35 @@ fn restarting_the_node_plugin_while_fio_writes_interrupts_nothing() {
     );
 
     // The new plugin finds the staged volumes: a repeated stage and publish
-    // answer at once, and unpublish and unstage take it all down.
+    // answer at once.
+    let name_of = |target: &Path| {
+        target
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .trim_end_matches("-target")
+            .to_string()
+    };
     rt.block_on(async {
         for (volume, capability, target) in &targets {
-            let name = target
-                .file_name()
-                .unwrap()
-                .to_string_lossy()
-                .trim_end_matches("-target")
-                .to_string();
-            let again = stage_and_publish(&plugin, volume, capability, dir.path(), &name).await;
+            let again =
+                stage_and_publish(&plugin, volume, capability, dir.path(), &name_of(target)).await;
             assert_eq!(&again, target);
+        }
+    });
+    // The daemon dies and starts again (its NBD connections end: the
+    // devices' I/O would fail from now on, docs/kubernetes.md). The loop
+    // devices stay, the restarted daemon finds them by their backing file,
+    // and the plugin's unpublish and unstage release them.
+    nodes[0].restart();
+    assert_eq!(
+        loops_under(&nodes[0].data_dir()),
+        devices_before,
+        "the loop devices outlive the daemon"
+    );
+    rt.block_on(async {
+        for (volume, _, target) in &targets {
+            let name = name_of(target);
             let mut node = plugin.node().await;
             node.node_unpublish_volume(NodeUnpublishVolumeRequest {
                 volume_id: volume.clone(),
