@@ -360,6 +360,22 @@ impl Engine {
                 batch.truncate(at + 1);
             }
             for (index, record) in batch.iter().enumerate() {
+                // The rules this pass keeps (docs/store-format.md, step 5):
+                // records apply in their journal order, without a gap, and
+                // in-place data comes only from durable records (a
+                // redirect, which overwrites nothing, once written).
+                assert_eq!(
+                    record.sequence,
+                    state.applied_sequence + 1 + index as u64,
+                    "journal sequences apply contiguously"
+                );
+                assert!(
+                    record.sequence <= state.durable_sequence
+                        || (record.is_redirect() && record.sequence <= state.written_sequence),
+                    "record {} applied before it is durable (durable up to {})",
+                    record.sequence,
+                    state.durable_sequence
+                );
                 if writes_into_fresh_chunk(&state, record) {
                     batch.truncate(index);
                     outcome = Batch::NeedsCheckpoint;
@@ -781,6 +797,19 @@ impl Engine {
                 position: state.applied_position,
                 next_sequence: state.applied_sequence + 1,
             };
+            // The checkpoint never passes a record that is not applied, nor
+            // one not in the journal file (the flush below makes those
+            // durable before the commit), and never moves back.
+            assert!(
+                state
+                    .unapplied
+                    .front()
+                    .is_none_or(|first| first.sequence == checkpoint.next_sequence
+                        && first.position == checkpoint.position),
+                "a checkpoint passes an unapplied record"
+            );
+            assert!(checkpoint.next_sequence <= state.written_sequence + 1);
+            assert!(checkpoint.position >= state.tail, "a checkpoint moves back");
             (changes, state.checksums.collect_dirty(), checkpoint, freed)
         };
         let result = ChecksumTable::write_pages(&*self.disk, &self.layout, &pages)

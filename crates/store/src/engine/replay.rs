@@ -315,6 +315,14 @@ impl Engine {
                 body,
                 0,
             ));
+            assert!(
+                state
+                    .unapplied
+                    .back()
+                    .is_none_or(|previous| previous.sequence + 1 == record.sequence
+                        && previous.position + previous.journal_bytes == record.position),
+                "replayed records follow one another"
+            );
             state.unapplied_bytes += record.data_bytes();
             state.unapplied.push_back(record);
             state.head = position + journal_bytes;

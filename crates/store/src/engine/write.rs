@@ -575,6 +575,10 @@ impl Engine {
         let result = self.disk.sync_data();
         let mut state = self.lock();
         state.flushing = false;
+        assert!(
+            covered <= state.written_sequence,
+            "a flush covers only written records"
+        );
         match result {
             Ok(()) => state.durable_sequence = state.durable_sequence.max(covered),
             Err(error) => {
