@@ -17,7 +17,8 @@
 //! - After a crash, a block reads its last flushed value or one written
 //!   after it: never older, never anything else.
 //! - A block whose data or checksum was flipped reads an error or its
-//!   value, never wrong data; other errors only come with an injected one.
+//!   value, never wrong data; a block on a latent sector error reads EIO
+//!   until written; other errors only come with an injected one.
 //! - The pool's own scan is clean after recovery (without flips).
 //! - Nothing in the store panics (its assertions included).
 
@@ -163,6 +164,9 @@ struct Run {
     errors_seen: u64,
     /// A bit was flipped in this run: reads may fail with a checksum error.
     corrupted: bool,
+    /// A latent sector error was put in the data: reads may fail with a
+    /// device error (counted as an injected one).
+    unreadable: bool,
     report: StoreSimReport,
     step: usize,
 }
@@ -239,6 +243,7 @@ impl Run {
             next_tag: 1,
             errors_seen: 0,
             corrupted: false,
+            unreadable: false,
             report: StoreSimReport::default(),
             step: 0,
         })
@@ -282,7 +287,7 @@ impl Run {
         self.flush()?;
         self.check_all_latest()?;
         self.crash_and_reopen()?;
-        if !self.corrupted {
+        if !self.corrupted && !self.unreadable {
             let scan = self
                 .pool()
                 .scan()
@@ -564,6 +569,16 @@ impl Run {
         if self.pool().journal_stats().journal_used_bytes != 0 {
             return Ok(());
         }
+        // Without snapshots no apply pass reads data (copy-on-write does),
+        // so a latent error there only fails the reads of its blocks.
+        if !self.config.snapshots && self.rng.gen_bool(0.5) {
+            let data_bytes = self.config.pool_bytes - self.layout.data_offset;
+            let offset = self.layout.data_offset + self.pool_disk.random_below(data_bytes);
+            self.pool_disk.add_latent_error(offset);
+            self.trace(|| format!("latent sector error at byte {offset}"));
+            self.unreadable = true;
+            return Ok(());
+        }
         let offset = self
             .pool_disk
             .flip_random_bit(self.layout.checksum_offset, self.config.pool_bytes);
@@ -647,6 +662,14 @@ impl Run {
                             later: Vec::new(),
                         };
                     }
+                    Err(TargetError::Device(_))
+                        if self.unreadable && self.injected_since_last_look() =>
+                    {
+                        self.models[volume][block] = BlockModel {
+                            flushed: None,
+                            later: Vec::new(),
+                        };
+                    }
                     Err(error) => {
                         return Err(self.fail(format!(
                             "after a crash v{volume} block {block} fails to read: {error}"
@@ -679,6 +702,8 @@ impl Run {
                         }
                     }
                     Err(TargetError::Checksum { .. }) if self.corrupted => {}
+                    Err(TargetError::Device(_))
+                        if self.unreadable && self.injected_since_last_look() => {}
                     Err(error) => {
                         return Err(
                             self.fail(format!("v{volume} block {block} fails to read: {error}"))
