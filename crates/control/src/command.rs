@@ -255,7 +255,7 @@ pub enum Command {
     },
     /// Place again what the volume lost (its tiebreaker, replicas lost
     /// with a removed or evicted node), as far as nodes can take it
-    /// (`crate::repair`). Proposed by the leader; changes nothing when
+    /// (the `repair` module). Proposed by the leader; changes nothing when
     /// there is nothing to restore. Replies [`Reply::Volume`] when it
     /// changed the placement.
     RestorePlacement {

@@ -1,6 +1,6 @@
 //! The replicated cluster state: what every node holds a copy of.
 //!
-//! Everything here changes only through [`crate::command::Command`]s applied
+//! Everything here changes only through commands (`Command`) applied
 //! in log order, so every node that applied the same log holds the same
 //! state. Times are milliseconds since the Unix epoch, chosen by whoever
 //! proposed the command: applying never reads a clock.
@@ -213,7 +213,7 @@ pub struct PrimaryRecord {
     pub since_ms: u64,
     /// Not attached: the node of an up-to-date replica runs the engine of
     /// a detached volume only to resync its outdated replicas
-    /// ([`crate::Command::StartResync`]). It serves no client, and gives
+    /// (`Command::StartResync`). It serves no client, and gives
     /// way to any attach (which moves the generation on and so fences it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub resync_only: bool,

@@ -7,9 +7,10 @@
 //! its writes. Nothing but the placer can give it a tiebreaker again, so
 //! the leader asks for it: every half second it lists the volumes whose
 //! placement would change ([`ClusterState::placements_to_restore`]) and
-//! commits a [`crate::Command::RestorePlacement`] for each. Applying it
-//! (`crate::command::volumes`) decides again from the state then, with the same function, so every
-//! node computes the same placement and a stale request changes nothing.
+//! commits a `Command::RestorePlacement` for each. Applying it (in the
+//! command module's `volumes`) decides again from the state then, with the
+//! same function, so every node computes the same placement and a stale
+//! request changes nothing.
 //!
 //! Rules, each keeping the volume's quorum:
 //! - one diskful replica at a time is added while the volume has fewer

@@ -1,7 +1,7 @@
 //! Snapshots in the cluster state: which exist and on which replicas,
 //! rollbacks, clones' origins and schedules, and the fencing of detached
 //! volumes they rely on. The commands that change them are in
-//! `crate::command::snapshots`.
+//! the command module's `snapshots`.
 //!
 //! The state says what is wanted and what each node did; the data path does
 //! the work. An attached volume's snapshot is one barrier of its primary's
