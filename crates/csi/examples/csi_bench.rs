@@ -84,18 +84,6 @@ fn capability() -> VolumeCapability {
     }
 }
 
-/// The file system type mounted at `path`, from /proc/self/mountinfo.
-fn mounted_type(path: &Path) -> Option<String> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let path = path.display().to_string();
-    text.lines().find_map(|line| {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let point = fields.get(4)?;
-        let dash = fields.iter().position(|field| *field == "-")?;
-        (*point == path).then(|| fields.get(dash + 1).map(|s| s.to_string()))?
-    })
-}
-
 struct Bench {
     args: Args,
     channel: tonic::transport::Channel,
@@ -176,7 +164,7 @@ impl Bench {
         .with_context(|| format!("NodePublishVolume {id}"))?;
         let publish_ms = Self::ms(step);
         let total_ms = Self::ms(started);
-        match mounted_type(&target) {
+        match trireme_host::mount_at(&target).map(|mount| mount.fs_type) {
             Some(kind) if kind == "ext4" => {}
             other => bail!(
                 "{} is not an ext4 mount after NodePublishVolume: {other:?}",

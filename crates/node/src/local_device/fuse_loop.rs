@@ -15,8 +15,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::command::{mounted_type, run, CommandError};
+use super::CommandError;
 use super::DeviceError;
+use trireme_host::{mount_at, run};
 
 /// How long nbdfuse may take to connect and show the export.
 pub const NBDFUSE_READY_WAIT: Duration = Duration::from_secs(20);
@@ -102,7 +103,7 @@ pub async fn attach(
 }
 
 fn is_fuse_mounted(path: &Path) -> bool {
-    mounted_type(path).is_some_and(|fs_type| fs_type.starts_with("fuse"))
+    mount_at(path).is_some_and(|mount| mount.fs_type.starts_with("fuse"))
 }
 
 /// The daemon starts serving a volume a moment after the attach (the

@@ -18,7 +18,6 @@
 //! their backing file under that directory, so a restarted daemon finds
 //! and can release the devices an earlier run made.
 
-mod command;
 mod fuse_loop;
 
 use std::collections::HashMap;
@@ -26,8 +25,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use trireme_types::VolumeName;
 
-pub use command::CommandError;
 pub use fuse_loop::NBDFUSE_READY_WAIT;
+pub use trireme_host::HostError as CommandError;
 
 /// The directory under the data directory that holds the devices' state.
 pub const STATE_DIR_NAME: &str = "devices";
@@ -79,7 +78,7 @@ impl LocalDevices {
     }
 
     async fn device(&self, volume: &str, path: String) -> Result<Device, DeviceError> {
-        let size_bytes = command::device_bytes(&path).await?;
+        let size_bytes = trireme_host::device_bytes(&path).await?;
         Ok(Device {
             volume: volume.to_string(),
             path,
