@@ -35,9 +35,12 @@ pub struct DeviceResponse {
     pub volume: String,
     /// The node whose host has the device.
     pub node: String,
-    /// The block device, e.g. `/dev/loop3`.
+    /// The block device, e.g. `/dev/nbd0` or `/dev/loop3`.
     pub device: String,
     pub size_bytes: u64,
+    /// How the device is made: `kernel-nbd` (the kernel's nbd module) or
+    /// `nbdfuse-loop` (nbdfuse + a loop device).
+    pub kind: String,
 }
 
 impl ApiState {
@@ -47,6 +50,7 @@ impl ApiState {
             node: self.cluster.config.name.to_string(),
             device: device.path,
             size_bytes: device.size_bytes,
+            kind: device.kind.as_str().to_string(),
         }
     }
 }
@@ -60,7 +64,7 @@ fn device_error(error: DeviceError) -> ApiError {
         DeviceError::NotServed { .. } => {
             ApiError::new(StatusCode::CONFLICT, "not_served", error.to_string())
         }
-        DeviceError::Command(_) => ApiError::new(
+        DeviceError::Command(_) | DeviceError::KernelNbd(_) => ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "device_failed",
             error.to_string(),

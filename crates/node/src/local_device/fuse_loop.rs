@@ -50,6 +50,9 @@ pub fn paths(state_dir: &Path, volume: &str) -> Paths {
 /// matched by backing file, so nothing here touches the FUSE files
 /// themselves (whose nbdfuse may be gone).
 pub async fn loops(state_dir: &Path) -> Result<Vec<(String, String)>, CommandError> {
+    if !any_made(state_dir) {
+        return Ok(Vec::new());
+    }
     let text = run("losetup", &["-n", "-l", "-O", "NAME,BACK-FILE"]).await?;
     Ok(text
         .lines()
@@ -75,8 +78,28 @@ fn volume_of(state_dir: &Path, backing: &Path) -> Option<String> {
     }
 }
 
+/// Whether a device of `volume` may have been made this way: its FUSE
+/// mount point is made first and removed last. Saves running losetup on
+/// a host whose devices are all made the kernel's way (whose losetup may
+/// not be util-linux's).
+pub fn made(state_dir: &Path, volume: &str) -> bool {
+    paths(state_dir, volume).fuse.exists()
+}
+
+/// Whether any device may have been made this way.
+pub fn any_made(state_dir: &Path) -> bool {
+    std::fs::read_dir(state_dir).is_ok_and(|entries| {
+        entries
+            .filter_map(Result::ok)
+            .any(|entry| entry.path().join("fuse").exists())
+    })
+}
+
 /// The loop device showing `volume`, if it is set up.
 pub async fn find(state_dir: &Path, volume: &str) -> Result<Option<String>, CommandError> {
+    if !made(state_dir, volume) {
+        return Ok(None);
+    }
     Ok(loops(state_dir)
         .await?
         .into_iter()
@@ -193,6 +216,9 @@ async fn start_nbdfuse(nbd_socket: &Path, volume: &str, paths: &Paths) -> Result
 /// Takes the loop device and nbdfuse down; nothing to do when they are
 /// not there.
 pub async fn detach(state_dir: &Path, volume: &str) -> Result<(), DeviceError> {
+    if !made(state_dir, volume) {
+        return Ok(());
+    }
     if let Some(device) = find(state_dir, volume).await? {
         run("losetup", &["-d", &device]).await?;
     }
