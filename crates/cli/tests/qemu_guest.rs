@@ -23,9 +23,12 @@
 //! synced among them.
 
 mod common;
+#[path = "qemu_guest/kernel_package.rs"]
+mod kernel_package;
 
 use common::replicated::*;
 use common::*;
+use kernel_package::kernel_package;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -142,30 +145,6 @@ enum Disk {
 struct GuestImage {
     vmlinuz: PathBuf,
     initramfs: PathBuf,
-}
-
-/// The Debian kernel package the guest boots: TRIREME_GUEST_KERNEL, or the
-/// one this release's linux-image-amd64 depends on.
-fn kernel_package() -> Result<String, String> {
-    if let Ok(package) = std::env::var("TRIREME_GUEST_KERNEL") {
-        return Ok(package);
-    }
-    let out = exec(
-        &mut cmd("apt-cache", &["depends", "linux-image-amd64"]),
-        Duration::from_secs(60),
-    );
-    out.stdout
-        .lines()
-        .filter_map(|line| line.trim().strip_prefix("Depends: "))
-        .find(|name| name.starts_with("linux-image-"))
-        .map(str::to_string)
-        .ok_or_else(|| {
-            format!(
-                "no Debian kernel package (apt-cache depends linux-image-amd64: {}{})",
-                out.stdout.trim(),
-                out.stderr.trim()
-            )
-        })
 }
 
 /// Assembles (once, cached under target/tmp) the guest, or says why not.

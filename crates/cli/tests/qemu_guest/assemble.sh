@@ -7,10 +7,15 @@
 # asks the crypto API for at mount time, and what they depend on, read
 # from each module's own "depends=" since the package carries no
 # modules.dep before depmod runs on install) and init.sh as /init.
-# Usage: assemble.sh KERNEL_PACKAGE OUT
+# With TRIREME_BINARY (tests/kernel_nbd.rs) the guest is the kernel nbd
+# one instead: the nbd module too, that trireme binary, mkfs.ext4 and
+# e2fsck, each with the shared libraries ldd lists, and kernel_nbd.sh as
+# /init.
+# Usage: assemble.sh KERNEL_PACKAGE OUT [TRIREME_BINARY]
 set -eu
 package=$1
 out=$2
+trireme=${3:-}
 here=$(cd "$(dirname "$0")" && pwd)
 work="$out.tmp.$$"
 rm -rf "$work"
@@ -46,7 +51,29 @@ add() {
     echo "$(basename "$file")" >>$root/modules/order
 }
 for module in virtio_pci virtio_blk crc32c_generic ext4; do add $module; done
-cp "$here/init.sh" $root/init
+init=init.sh
+if [ -n "$trireme" ]; then
+    add nbd
+    init=kernel_nbd.sh
+    # A binary and the libraries ldd names, at the same paths as here.
+    copy_with_libraries() {
+        local binary=$1 target=$2 library
+        mkdir -p "$root$(dirname "$target")"
+        cp "$binary" "$root$target"
+        for library in $(ldd "$binary" | grep -o '/[^ ]*'); do
+            mkdir -p "$root$(dirname "$library")"
+            cp -L "$library" "$root$library"
+        done
+    }
+    copy_with_libraries "$trireme" /bin/trireme
+    # Line tables only matter on the host; a smaller initramfs boots faster.
+    strip "$root/bin/trireme" 2>/dev/null || true
+    copy_with_libraries "$(command -v mkfs.ext4)" /sbin/mkfs.ext4
+    copy_with_libraries "$(command -v e2fsck)" /sbin/e2fsck
+    mkdir -p $root/etc
+    if [ -f /etc/mke2fs.conf ]; then cp /etc/mke2fs.conf $root/etc/; fi
+fi
+cp "$here/$init" $root/init
 chmod +x $root/init
 (cd $root && find . | busybox cpio -o -H newc 2>/dev/null | gzip -1) >initramfs.cpio.gz
 cp kernel/boot/vmlinuz-* vmlinuz

@@ -1,0 +1,146 @@
+#!/bin/busybox sh
+# /init of the kernel nbd guest (tests/kernel_nbd.rs): a single-node
+# trireme on the guest's disk (/dev/vda, ext4, made by the host) makes a
+# volume's block device with the kernel's nbd module, and the daemon is
+# killed (SIGKILL) and started again while a writer writes to a file
+# system on that device. Every line the test reads starts with "TRIREME "
+# on the serial console; the last is "RESULT ok" or "RESULT fail: why".
+/bin/busybox --install -s /bin
+export PATH=/sbin:/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mkdir -p /tmp /data /mnt /etc
+# e2fsck asks the mount table whether the device is mounted.
+ln -sf /proc/mounts /etc/mtab
+mount -t tmpfs tmp /tmp
+for module in $(cat /modules/order); do insmod /modules/$module; done
+say() { echo "TRIREME $*"; }
+end() {
+    sync
+    poweroff -f
+}
+fail() {
+    say "RESULT fail: $*"
+    echo "--- node log (last lines) ---"
+    tail -n 40 /data/node.log 2>/dev/null
+    echo "--- kernel log (nbd) ---"
+    dmesg | grep -i -E 'nbd|block' | tail -n 20
+    end
+}
+ip link set lo up
+i=0
+while [ ! -b /dev/vda ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+mount -t ext4 /dev/vda /data || fail "cannot mount the data disk"
+[ -d /sys/module/nbd ] || fail "the nbd module is not loaded"
+say "BOOTED"
+
+api=127.0.0.1:7450
+start_node() {
+    setsid trireme node run --data-dir /data/trireme --name guest \
+        --api-listen $api --nbd-listen 127.0.0.1:10809 --nbd-socket /data/nbd.sock \
+        </dev/null >>/data/node.log 2>&1 &
+    echo $! >/tmp/node.pid
+    i=0
+    until wget -q -O /dev/null "http://$api/api/v1/health" 2>/dev/null; do
+        i=$((i + 1))
+        [ $i -lt 300 ] || fail "the node did not answer within 30 s"
+        sleep 0.1
+    done
+}
+# One HTTP/1.0 request to the API (busybox wget cannot PUT or DELETE);
+# the answer's status line, headers and body. The request goes through a
+# fifo held open until the server has answered and closed: an end of
+# input would half-close the socket, and the server takes that for a
+# client gone and drops the request.
+request() {
+    rm -f /tmp/request
+    mkfifo /tmp/request
+    nc 127.0.0.1 7450 </tmp/request &
+    nc_pid=$!
+    exec 3>/tmp/request
+    printf '%s %s HTTP/1.0\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %s\r\n\r\n%s' \
+        "$1" "$2" "$api" "${#3}" "$3" >&3
+    wait $nc_pid
+    exec 3>&-
+}
+field() { sed -n "s/.*\"$1\":\"\\{0,1\\}\\([^\",}]*\\).*/\\1/p" | head -n 1; }
+
+start_node
+trireme --api "http://$api" volume create vol --size 256M >/tmp/create.log 2>&1 ||
+    fail "volume create: $(cat /tmp/create.log)"
+answer=$(request PUT /api/v1/volumes/vol/device '{"node":"guest"}')
+device=$(echo "$answer" | field device)
+kind=$(echo "$answer" | field kind)
+say "DEVICE $device kind=$kind"
+[ "$kind" = kernel-nbd ] || fail "no kernel device: $answer"
+[ -b "$device" ] || fail "$device is not a block device"
+mkfs.ext4 -q -F "$device" >/tmp/mkfs.log 2>&1 || fail "mkfs.ext4: $(cat /tmp/mkfs.log)"
+mount -t ext4 "$device" /mnt || fail "cannot mount $device"
+dd if=/dev/urandom of=/mnt/before bs=1M count=8 2>/dev/null && sync || fail "writing before"
+sha256sum /mnt/before >/tmp/sums
+
+# The writer: bounded, each file synced before its checksum is kept. It
+# records how long its slowest file took (the pause) and how it ended.
+writer() {
+    n=0
+    slowest=0
+    while [ $n -lt 40 ]; do
+        n=$((n + 1))
+        dd if=/dev/urandom of=/tmp/data bs=64k count=4 2>/dev/null
+        started=$(date +%s)
+        dd if=/tmp/data of=/mnt/w.$n bs=64k conv=fsync 2>/tmp/writer.err || {
+            echo "failed at file $n: $(cat /tmp/writer.err)" >/tmp/writer.status
+            return
+        }
+        took=$(($(date +%s) - started))
+        [ $took -gt $slowest ] && slowest=$took
+        echo "$(sha256sum /tmp/data | cut -d' ' -f1)  /mnt/w.$n" >>/tmp/sums
+        echo $n >/tmp/writer.done
+        sleep 0.1
+    done
+    echo "ok files=$n slowest=${slowest}s" >/tmp/writer.status
+}
+writer &
+writer_pid=$!
+i=0
+until [ "$(cat /tmp/writer.done 2>/dev/null)" -ge 5 ] 2>/dev/null; do
+    i=$((i + 1))
+    [ $i -lt 300 ] || fail "the writer did not write 5 files within 30 s"
+    sleep 0.1
+done
+kill -9 "$(cat /tmp/node.pid)"
+say "KILLED after file $(cat /tmp/writer.done)"
+sleep 2
+start_node
+say "RESTARTED at file $(cat /tmp/writer.done)"
+i=0
+while kill -0 $writer_pid 2>/dev/null; do
+    i=$((i + 1))
+    [ $i -lt 1800 ] || fail "the writer did not finish within 180 s"
+    sleep 0.1
+done
+status=$(cat /tmp/writer.status 2>/dev/null)
+say "WRITER $status"
+case "$status" in ok*) ;; *) fail "the writer failed: $status" ;; esac
+grep -q "fresh connection" /data/node.log || fail "the restarted node did not reconnect the device"
+
+# Read everything back from the device itself, not the page cache.
+umount /mnt || fail "cannot unmount $device"
+echo 3 >/proc/sys/vm/drop_caches
+e2fsck -f -n "$device" >/tmp/fsck.log 2>&1 || fail "e2fsck: $(tail -n 5 /tmp/fsck.log)"
+mount -t ext4 "$device" /mnt || fail "cannot mount $device again"
+sha256sum -c /tmp/sums >/tmp/check.log 2>&1 || fail "checksums: $(grep -v ': OK$' /tmp/check.log | head -n 5)"
+say "VERIFIED $(wc -l </tmp/sums) files"
+umount /mnt || fail "cannot unmount $device at the end"
+
+answer=$(request DELETE /api/v1/volumes/vol/device '')
+case "$answer" in *" 20"[04]*) ;; *) fail "DELETE device: $answer" ;; esac
+size=$(blockdev --getsize64 "$device" 2>/dev/null || echo gone)
+[ "$size" = 0 ] || [ "$size" = gone ] || fail "$device still has $size bytes after DELETE"
+answer=$(request GET /api/v1/devices '')
+case "$answer" in *'"volume":"vol"'*) fail "the device is still listed: $answer" ;; esac
+say "RELEASED $device"
+kill "$(cat /tmp/node.pid)"
+say "RESULT ok $status"
+end
