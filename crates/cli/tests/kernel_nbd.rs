@@ -6,11 +6,14 @@
 //! kernel_nbd.sh) runs a single-node trireme on the guest's disk, asks it
 //! over the REST API for a volume's device (`kind: kernel-nbd`), makes an
 //! ext4 file system on it, and SIGKILLs and restarts the daemon while a
-//! writer writes synced files. It checks that the writer did not fail (its
-//! I/O paused until the restarted daemon reconnected the device), that
-//! every file written before and during reads back from the device with
-//! its checksum after e2fsck, and that DELETE releases the device; the
-//! host asserts its `RESULT ok` line.
+//! writer writes synced files, then stops it (SIGSTOP) for longer than the
+//! kernel's request timeout, so that the kernel gives the connection up
+//! and the continued daemon must reconnect on the kernel's LINK_DEAD
+//! event. It checks that the writer did not fail (its I/O paused until
+//! the daemon reconnected the device, both times), that every file
+//! written before and during reads back from the device with its checksum
+//! after e2fsck, and that DELETE releases the device; the host asserts
+//! its `RESULT ok` line.
 //!
 //! TCG, as tests/qemu_guest.rs: /dev/kvm opens on the machine the tests run
 //! on (itself a VM), but a KVM guest there either aborts (`-cpu host`:
@@ -188,7 +191,23 @@ fn io_pauses_while_the_daemon_restarts_and_the_data_reads_back() {
             .any(|mark| mark.starts_with("DEVICE /dev/nbd") && mark.ends_with("kind=kernel-nbd")),
         "{marks:?}"
     );
-    assert!(marks.contains(&"VERIFIED 41 files"), "{marks:?}");
+    assert!(
+        marks
+            .iter()
+            .any(|mark| mark.starts_with("STOPPED after file"))
+            && marks
+                .iter()
+                .any(|mark| mark.starts_with("CONTINUED at file")),
+        "{marks:?}"
+    );
+    // Every file the writer wrote, and the one written before it started.
+    let files: u32 = result
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("files="))
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no file count in {result}"));
+    let verified = format!("VERIFIED {} files", files + 1);
+    assert!(marks.contains(&verified.as_str()), "{verified}: {marks:?}");
     // The daemon was down for at least 2 s (killed, then started after
     // `sleep 2`), and the file the writer wrote then waited it out: its
     // synced write paused, it did not fail or finish without the device.

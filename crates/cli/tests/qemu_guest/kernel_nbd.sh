@@ -3,8 +3,11 @@
 # trireme on the guest's disk (/dev/vda, ext4, made by the host) makes a
 # volume's block device with the kernel's nbd module, and the daemon is
 # killed (SIGKILL) and started again while a writer writes to a file
-# system on that device. Every line the test reads starts with "TRIREME "
-# on the serial console; the last is "RESULT ok" or "RESULT fail: why".
+# system on that device; then the daemon is stopped (SIGSTOP) for longer
+# than the kernel's request timeout, so the kernel gives the connection up
+# and the daemon, continued, must reconnect on the kernel's LINK_DEAD
+# event. Every line the test reads starts with "TRIREME " on the serial
+# console; the last is "RESULT ok" or "RESULT fail: why".
 /bin/busybox --install -s /bin
 export PATH=/sbin:/bin
 mount -t proc proc /proc
@@ -80,12 +83,13 @@ mount -t ext4 "$device" /mnt || fail "cannot mount $device"
 dd if=/dev/urandom of=/mnt/before bs=1M count=8 2>/dev/null && sync || fail "writing before"
 sha256sum /mnt/before >/tmp/sums
 
-# The writer: bounded, each file synced before its checksum is kept. It
-# records how long its slowest file took (the pause) and how it ended.
+# The writer: until /tmp/writer.stop appears (at most 200 files), each
+# file synced before its checksum is kept. It records how long its
+# slowest file took (the pause) and how it ended.
 writer() {
     n=0
     slowest=0
-    while [ $n -lt 40 ]; do
+    while [ ! -e /tmp/writer.stop ] && [ $n -lt 200 ]; do
         n=$((n + 1))
         dd if=/dev/urandom of=/tmp/data bs=64k count=4 2>/dev/null
         started=$(date +%s)
@@ -101,19 +105,38 @@ writer() {
     done
     echo "ok files=$n slowest=${slowest}s" >/tmp/writer.status
 }
+written() { cat /tmp/writer.done 2>/dev/null || echo 0; }
+# Waits (up to 150 s) until the writer has written $1 files.
+wait_for_files() {
+    i=0
+    until [ "$(written)" -ge "$1" ]; do
+        i=$((i + 1))
+        [ $i -lt 1500 ] || fail "the writer did not reach file $1 within 150 s (at $(written))"
+        kill -0 $writer_pid 2>/dev/null || fail "the writer ended: $(cat /tmp/writer.status)"
+        sleep 0.1
+    done
+}
 writer &
 writer_pid=$!
-i=0
-until [ "$(cat /tmp/writer.done 2>/dev/null)" -ge 5 ] 2>/dev/null; do
-    i=$((i + 1))
-    [ $i -lt 300 ] || fail "the writer did not write 5 files within 30 s"
-    sleep 0.1
-done
+wait_for_files 5
 kill -9 "$(cat /tmp/node.pid)"
-say "KILLED after file $(cat /tmp/writer.done)"
+say "KILLED after file $(written)"
 sleep 2
 start_node
-say "RESTARTED at file $(cat /tmp/writer.done)"
+say "RESTARTED at file $(written)"
+wait_for_files $(($(written) + 5))
+grep -q "fresh connection" /data/node.log || fail "the restarted node did not reconnect the device"
+# Longer than the 10 s request timeout: the kernel shuts the connection
+# and tells of it (LINK_DEAD), which the daemon reads once continued.
+kill -STOP "$(cat /tmp/node.pid)"
+say "STOPPED after file $(written)"
+sleep 13
+kill -CONT "$(cat /tmp/node.pid)"
+say "CONTINUED at file $(written)"
+wait_for_files $(($(written) + 5))
+reconnects=$(grep -c "fresh connection" /data/node.log)
+[ "$reconnects" -ge 2 ] || fail "the continued node did not reconnect the device ($reconnects reconnects)"
+touch /tmp/writer.stop
 i=0
 while kill -0 $writer_pid 2>/dev/null; do
     i=$((i + 1))
@@ -123,7 +146,6 @@ done
 status=$(cat /tmp/writer.status 2>/dev/null)
 say "WRITER $status"
 case "$status" in ok*) ;; *) fail "the writer failed: $status" ;; esac
-grep -q "fresh connection" /data/node.log || fail "the restarted node did not reconnect the device"
 
 # Read everything back from the device itself, not the page cache.
 umount /mnt || fail "cannot unmount $device"
