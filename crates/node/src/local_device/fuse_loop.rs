@@ -81,9 +81,15 @@ fn volume_of(state_dir: &Path, backing: &Path) -> Option<String> {
 /// Whether a device of `volume` may have been made this way: its FUSE
 /// mount point is made first and removed last. Saves running losetup on
 /// a host whose devices are all made the kernel's way (whose losetup may
-/// not be util-linux's).
+/// not be util-linux's). Read from the parent directory's entries: a stat
+/// of the mount point itself fails (ENOTCONN) once nbdfuse is gone, which
+/// is exactly when a restarted daemon must still find the loop device.
 pub fn made(state_dir: &Path, volume: &str) -> bool {
-    paths(state_dir, volume).fuse.exists()
+    std::fs::read_dir(state_dir.join(volume)).is_ok_and(|entries| {
+        entries
+            .filter_map(Result::ok)
+            .any(|entry| entry.file_name() == "fuse")
+    })
 }
 
 /// Whether any device may have been made this way.
@@ -91,7 +97,7 @@ pub fn any_made(state_dir: &Path) -> bool {
     std::fs::read_dir(state_dir).is_ok_and(|entries| {
         entries
             .filter_map(Result::ok)
-            .any(|entry| entry.path().join("fuse").exists())
+            .any(|entry| made(state_dir, &entry.file_name().to_string_lossy()))
     })
 }
 
@@ -244,6 +250,19 @@ pub async fn detach(state_dir: &Path, volume: &str) -> Result<(), DeviceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_volume_with_a_fuse_mount_point_may_have_a_loop_device() {
+        let state = tempfile::tempdir().unwrap();
+        assert!(!any_made(state.path()));
+        std::fs::create_dir_all(state.path().join("kernel-only")).unwrap();
+        std::fs::write(state.path().join("kernel-only/kernel-nbd"), "0\n").unwrap();
+        assert!(!any_made(state.path()));
+        std::fs::create_dir_all(state.path().join("pvc-1/fuse")).unwrap();
+        assert!(made(state.path(), "pvc-1"));
+        assert!(!made(state.path(), "kernel-only"));
+        assert!(any_made(state.path()));
+    }
 
     #[test]
     fn only_a_volumes_fuse_file_under_the_state_directory_names_a_volume() {
