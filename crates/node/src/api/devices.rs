@@ -15,7 +15,7 @@ use utoipa::ToSchema;
 
 use super::model::ErrorBody;
 use super::{ApiError, ApiJson, ApiState};
-use crate::local_device::{Device, DeviceError};
+use crate::local_device::{Device, DeviceError, HandshakeError, KernelNbdError};
 use crate::NodeError;
 
 /// How long a device request waits for this node's copy of the cluster
@@ -61,7 +61,10 @@ fn volume_name(name: &str) -> Result<VolumeName, ApiError> {
 
 fn device_error(error: DeviceError) -> ApiError {
     match error {
-        DeviceError::NotServed { .. } => {
+        // The same answer on both paths: the agent applies an attach a
+        // moment after it is committed, so the caller should retry.
+        DeviceError::NotServed { .. }
+        | DeviceError::KernelNbd(KernelNbdError::Handshake(HandshakeError::NoExport { .. })) => {
             ApiError::new(StatusCode::CONFLICT, "not_served", error.to_string())
         }
         DeviceError::Command(_) | DeviceError::KernelNbd(_) => ApiError::new(

@@ -39,6 +39,7 @@ use trireme_types::VolumeName;
 
 pub use fuse_loop::NBDFUSE_READY_WAIT;
 pub use kernel_nbd::{KernelNbdError, DEAD_CONNECTION_TIMEOUT, REQUEST_TIMEOUT};
+pub use nbd_client::HandshakeError;
 pub use trireme_host::HostError as CommandError;
 
 /// The directory under the data directory that holds the devices' state.
