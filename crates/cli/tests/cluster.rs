@@ -290,7 +290,7 @@ fn now_ms() -> u64 {
 /// A join request signed as `trireme node run --join` signs it.
 fn signed_join_request(token: &str, name: &str) -> String {
     use trireme_node::cluster::auth;
-    use trireme_node::cluster::internal::JoinRequest;
+    use trireme_node::cluster::protocol::JoinRequest;
     let token = auth::JoinToken::parse(token).unwrap();
     let mut request = JoinRequest {
         cluster_id: token.cluster_id.clone(),

@@ -11,14 +11,6 @@ use trireme_module_cycles::crate_cycles;
 /// fails until the entry is removed (or updated), so it cannot hide a new
 /// cycle among the same modules later.
 const KNOWN_CYCLES: &[(&str, &[&str])] = &[
-    // crates/node: HTTP handlers live under cluster/ and api/, `Cluster`
-    // is a handle to everything, and replicated/ takes the whole `Cluster`
-    // instead of a narrow interface of the control plane. Issue 22 (item
-    // 6) splits the crate by role; remove this entry then.
-    ("node", &["api", "cluster", "metrics", "replicated"]),
-    // Inside crates/node/src/cluster: the Raft HTTP routes (internal.rs)
-    // call peers, and peer.rs takes the routes' paths from internal.rs.
-    ("node", &["cluster/internal", "cluster/peer"]),
     // Inside crates/node/src/replicated/engine: the driver holds remote
     // links, and a remote link's tasks hold the driver's sender type.
     (

@@ -21,7 +21,7 @@ use trireme_control::{
 };
 use trireme_types::{PoolName, VolumeName};
 
-use super::{auth, Cluster};
+use crate::cluster::{auth, was_removed, Cluster};
 use crate::node::PoolStatus;
 use crate::replicated::Replication;
 use crate::{Node, NodeError};
@@ -78,7 +78,7 @@ pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), N
         let state = cluster.state.read();
         if !state.nodes.contains_key(&me) {
             // Not (yet, or no longer) a member: nothing is ours.
-            if super::was_removed(&state, me) {
+            if was_removed(&state, me) {
                 cluster.peers.note_removed(
                     "this node's own copy of the cluster state records its removal".into(),
                 );

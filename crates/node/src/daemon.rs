@@ -188,7 +188,7 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
     .with_graceful_shutdown(stopped());
     let mut api_task = tokio::spawn(async move { api_server.await });
     let background = [
-        tokio::spawn(cluster::agent::run(
+        tokio::spawn(crate::agent::run(
             cluster.clone(),
             node.clone(),
             replication.clone(),
@@ -223,7 +223,7 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
     }
     cluster::start::propose_labels(&cluster).await;
     // Report this node's pools before anything is placed on them.
-    if let Err(error) = cluster::agent::reconcile(&cluster, &node).await {
+    if let Err(error) = crate::agent::reconcile(&cluster, &node).await {
         tracing::warn!(%error, "the first report of this node's pools failed; the agent retries");
     }
     if config.demo {

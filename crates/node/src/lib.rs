@@ -31,8 +31,13 @@
 //! - [`space`]: free space of a file system (statvfs), for the default pool.
 //! - [`node`]: [`Node`], the pools (online or offline), volume placement and
 //!   the cache of opened volumes that the NBD server reads through.
-//! - [`api`]: the REST API (axum router, request validation, error mapping,
-//!   OpenAPI document) under `/api/v1`.
+//! - [`cluster`]: membership: the Raft member, the signed node-to-node
+//!   client and its protocol, joining, what only the leader does.
+//! - [`agent`]: what every node does: reconcile its replicas toward the
+//!   cluster state, report its pools.
+//! - [`api`]: every HTTP route: the REST API (axum router, request
+//!   validation, error mapping, OpenAPI document) under `/api/v1`, and the
+//!   node-to-node routes under `/internal/v1`.
 //! - [`nbd`]: adapts [`Node`] to the NBD server of `trireme-export`.
 //! - [`replicated`]: the engines of volumes attached here, the replica
 //!   side of data links, and `DATA/replication.redb`.
@@ -42,6 +47,7 @@
 //!   `GET /api/v1/io`.
 //! - [`daemon`]: start-up, listeners, the ready line, signals and shutdown.
 
+pub mod agent;
 pub mod api;
 pub mod catalog;
 pub mod cluster;

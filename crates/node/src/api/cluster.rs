@@ -18,7 +18,7 @@ use super::model::{
 };
 use super::volumes::{sync_response, volume_state};
 use super::{ApiError, ApiJson, ApiState};
-use crate::cluster::agent::FREE_BYTES_REPORT_SHARE;
+use crate::agent::FREE_BYTES_REPORT_SHARE;
 use crate::cluster::auth;
 use crate::NodeError;
 

@@ -1,6 +1,7 @@
-//! `/internal/v1`: what nodes ask each other. Every endpoint but `join`
-//! needs a signed request from a member (see [`super::auth`]); `join` is
-//! signed with the join token instead.
+//! The routes of `/internal/v1`: what nodes ask each other (their paths
+//! and bodies are in [`crate::cluster::protocol`]). Every endpoint but
+//! `join` needs a signed request from a member (see
+//! [`crate::cluster::auth`]); `join` is signed with the join token instead.
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
@@ -8,84 +9,23 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
 use openraft::BasicNode;
-use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use trireme_control::raft::{ClientWriteError, CommandResult, RaftError};
-use trireme_control::{Command, CommandError, NodeRegistration, Reply};
+use trireme_control::raft::{ClientWriteError, RaftError};
+use trireme_control::{Command, CommandError, Reply};
 use trireme_types::NodeId;
 
-use super::{auth, peer, Cluster, ClusterError};
-use crate::api::ApiError;
+use super::ApiError;
+use crate::cluster::protocol::{
+    Heartbeat, JoinRequest, JoinResponse, LastHeard, WriteOutcome, PATH_APPEND, PATH_HEARTBEAT,
+    PATH_JOIN, PATH_LAST_HEARD, PATH_SNAPSHOT, PATH_VOTE, PATH_WRITE,
+};
+use crate::cluster::{auth, peer, was_removed, Cluster, ClusterError};
 
-pub const PATH_APPEND: &str = "/internal/v1/raft/append";
-pub const PATH_VOTE: &str = "/internal/v1/raft/vote";
-pub const PATH_SNAPSHOT: &str = "/internal/v1/raft/snapshot";
-pub const PATH_WRITE: &str = "/internal/v1/write";
-pub const PATH_JOIN: &str = "/internal/v1/join";
-pub const PATH_HEARTBEAT: &str = "/internal/v1/heartbeat";
-/// The leader's view of one node's heartbeats ([`LastHeard`]).
-pub const PATH_LAST_HEARD: &str = "/internal/v1/last-heard";
 /// How long the leader tries to commit a forwarded write; below the peer
 /// request timeout, so the forwarding node hears the answer.
 const FORWARDED_COMMIT_WAIT: std::time::Duration = std::time::Duration::from_secs(4);
 /// Snapshot chunks and log batches are bigger than a REST body.
 const INTERNAL_BODY_LIMIT: usize = 64 << 20;
-
-#[derive(Debug, Serialize, Deserialize)]
-pub enum WriteOutcome {
-    /// The result, and the log index it was committed at.
-    Applied(CommandResult, u64),
-    /// This node is not the leader (any more): ask again.
-    NotLeader,
-    /// The leader could not commit it in time (no majority reachable). It
-    /// may still commit later; it is not retried, so it never runs twice.
-    NotCommitted(String),
-    Failed(String),
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct JoinRequest {
-    pub cluster_id: String,
-    pub node: NodeRegistration,
-    /// Fresh for every join; remembered by the cluster to refuse replays.
-    pub nonce: String,
-    pub time_ms: u64,
-    /// [`auth::join_mac`] of [`JoinRequest::canonical`] under the join secret.
-    pub mac: String,
-}
-
-impl JoinRequest {
-    pub fn canonical(&self) -> Vec<u8> {
-        serde_json::to_vec(&(&self.cluster_id, &self.node, &self.nonce, self.time_ms))
-            .expect("a join request serialises")
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct JoinResponse {
-    pub cluster_id: String,
-    pub node_id: NodeId,
-    /// The cluster secret, sealed for this join (see [`auth::seal_secret`]).
-    pub sealed_secret: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Heartbeat {
-    pub node: NodeId,
-}
-
-/// What the leader knows of a node's heartbeats, for messages that tell
-/// an admin how soon a silent node will be marked offline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum LastHeard {
-    /// The leader's last heartbeat from it was this long ago.
-    Ago { millis: u64 },
-    /// Not heard since this leader started to watch it, this long ago (a
-    /// new leader, or a node that just joined).
-    NotSince { millis: u64 },
-    /// The answering node is not the leader.
-    NotLeader,
-}
 
 pub fn router(cluster: Arc<Cluster>) -> Router {
     Router::new()
@@ -145,7 +85,7 @@ pub(crate) fn verified<T: serde::de::DeserializeOwned>(
     }
     {
         let state = cluster.state.read();
-        if super::was_removed(&state, node) {
+        if was_removed(&state, node) {
             // Told apart from an unknown node so that a removed node that
             // comes back learns it, records it and stops (see `peer`).
             return Err(ApiError::new(

@@ -6,6 +6,9 @@
 //! - `validate`: checks of names, sizes and bodies, before any store call.
 //! - `system`, `pools`, `volumes`, `snapshots`, `verify`, `cluster`,
 //!   `events`: the handlers.
+//! - `internal`: the node-to-node routes under `/internal/v1` (Raft,
+//!   forwarded writes, heartbeats, joins), signed by a member; their paths
+//!   and bodies are [`crate::cluster::protocol`].
 //! - `devices`: block devices of volumes on this node's host (the CSI
 //!   node plugin's), [`crate::local_device`].
 //! - `ui`: the web dashboard at `/ui`, its assets embedded in the binary.
@@ -17,6 +20,7 @@ mod cluster;
 mod devices;
 pub mod error;
 mod events;
+mod internal;
 pub mod model;
 mod monitoring;
 mod nodes;
@@ -238,7 +242,7 @@ pub fn router(state: ApiState) -> Router {
         .route(monitoring::PATH_INTERNAL_IO, post(monitoring::internal_io))
         .fallback(unknown_endpoint)
         .with_state(state)
-        .merge(crate::cluster::internal::router(cluster))
+        .merge(internal::router(cluster))
 }
 
 /// Lets a request through if it carries the admin token or comes from

@@ -74,7 +74,7 @@ pub async fn internal_io(
     body: Bytes,
 ) -> Result<Json<Vec<VolumeIoRate>>, ApiError> {
     let _: (_, serde_json::Value) =
-        crate::cluster::internal::verified(&state.cluster, &headers, PATH_INTERNAL_IO, &body)?;
+        super::internal::verified(&state.cluster, &headers, PATH_INTERNAL_IO, &body)?;
     Ok(Json(local_rates(&state)))
 }
 

@@ -20,9 +20,7 @@ impl ApiState {
             .get(&me)
             .map(|node| node.pools.clone())
             .unwrap_or_default();
-        if let Err(error) =
-            crate::cluster::agent::report_pools(&self.cluster, &self.node, &recorded).await
-        {
+        if let Err(error) = crate::agent::report_pools(&self.cluster, &self.node, &recorded).await {
             tracing::warn!(%error, "reporting the pools failed; the agent retries");
         }
     }

@@ -68,7 +68,7 @@ pub async fn internal_verify(
     body: Bytes,
 ) -> Result<Json<Option<VerifyResponse>>, ApiError> {
     let (_, request): (_, InternalVerifyRequest) =
-        crate::cluster::internal::verified(&state.cluster, &headers, PATH_INTERNAL_VERIFY, &body)?;
+        super::internal::verified(&state.cluster, &headers, PATH_INTERNAL_VERIFY, &body)?;
     let name = validate::volume_name(&request.volume)?;
     here(&state, &name, request.start).await.map(Json)
 }

@@ -22,7 +22,7 @@ use super::model::{
     VolumeResponse, VolumeState,
 };
 use super::{blocking, validate, ApiError, ApiJson, ApiState};
-use crate::cluster::internal::LastHeard;
+use crate::cluster::protocol::LastHeard;
 use crate::cluster::{auth, ClusterError, OFFLINE_AFTER};
 use crate::NodeError;
 

@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use trireme_control::{Command, NodeState, Reply};
 use trireme_types::NodeId;
 
-use super::internal::{Heartbeat, LastHeard, PATH_HEARTBEAT};
+use super::protocol::{Heartbeat, LastHeard, PATH_HEARTBEAT};
 use super::{auth, Cluster, HEARTBEAT_INTERVAL, OFFLINE_AFTER};
 
 /// The most voters the control plane uses.

@@ -1,21 +1,20 @@
 //! The node's membership in its cluster: the Raft member, the signed
 //! node-to-node HTTP client, forwarding of writes to the leader, and the
-//! background work (heartbeats, liveness, membership, the agent).
+//! background work of membership (heartbeats, liveness, voters).
 //!
 //! - [`identity`] holds `DATA/cluster.json`.
 //! - [`auth`] has join tokens, request signatures, the admin token.
 //! - [`peer`] is the signed HTTP client, and the Raft network over it.
 //! - [`start`] is creating a cluster, joining one, or rejoining after a restart.
-//! - [`internal`] serves the `/internal/v1` endpoints other nodes call.
+//! - [`protocol`] has the paths and bodies of the `/internal/v1` endpoints
+//!   other nodes call (the routes serving them are the REST API's).
 //! - [`leader`] does what only the leader does: liveness, eviction, voters.
-//! - [`agent`] does what every node does: reconcile its replicas, report pools.
 
-pub mod agent;
 pub mod auth;
 pub mod identity;
-pub mod internal;
 pub mod leader;
 pub mod peer;
+pub mod protocol;
 pub mod start;
 #[cfg(test)]
 pub(crate) mod test_state;
@@ -182,32 +181,32 @@ impl Cluster {
                         Some(leader) => {
                             match self
                                 .peers
-                                .post::<_, internal::WriteOutcome>(
+                                .post::<_, protocol::WriteOutcome>(
                                     &leader.addr,
-                                    internal::PATH_WRITE,
+                                    protocol::PATH_WRITE,
                                     &command,
                                 )
                                 .await
                             {
-                                Ok(internal::WriteOutcome::Applied(result, index)) => {
+                                Ok(protocol::WriteOutcome::Applied(result, index)) => {
                                     self.wait_applied(index).await;
                                     return result.0.map_err(ClusterError::Refused);
                                 }
-                                Ok(internal::WriteOutcome::NotLeader) => {
+                                Ok(protocol::WriteOutcome::NotLeader) => {
                                     last_problem = format!(
                                         "node {} at {} is no longer the leader",
                                         forward.leader_id.unwrap_or_default(),
                                         leader.addr
                                     );
                                 }
-                                Ok(internal::WriteOutcome::NotCommitted(detail)) => {
+                                Ok(protocol::WriteOutcome::NotCommitted(detail)) => {
                                     return Err(ClusterError::NoLeader {
                                         waited: started.elapsed(),
                                         detail,
                                         voters: self.voters_text(),
                                     })
                                 }
-                                Ok(internal::WriteOutcome::Failed(error)) => {
+                                Ok(protocol::WriteOutcome::Failed(error)) => {
                                     return Err(ClusterError::Internal(error))
                                 }
                                 Err(error) => {
@@ -250,21 +249,21 @@ impl Cluster {
 
     /// Waits until this node's copy of the state satisfies `done`, or
     /// `timeout` passes; returns whether it did.
-    /// This node's answer to [`internal::PATH_LAST_HEARD`]: only a leader
+    /// This node's answer to [`protocol::PATH_LAST_HEARD`]: only a leader
     /// hears heartbeats.
-    pub fn last_heard_here(&self, node: NodeId) -> internal::LastHeard {
+    pub fn last_heard_here(&self, node: NodeId) -> protocol::LastHeard {
         if !self.is_leader() {
-            return internal::LastHeard::NotLeader;
+            return protocol::LastHeard::NotLeader;
         }
         if node == self.node_id() {
-            return internal::LastHeard::Ago { millis: 0 };
+            return protocol::LastHeard::Ago { millis: 0 };
         }
         self.liveness.last_heard(node, Instant::now())
     }
 
     /// When the leader last heard from `node`, asked of the leader
     /// wherever it is; `None` when there is no leader or it did not answer.
-    pub async fn last_heard(&self, node: NodeId) -> Option<internal::LastHeard> {
+    pub async fn last_heard(&self, node: NodeId) -> Option<protocol::LastHeard> {
         let leader = self.leader()?;
         let answer = if leader == self.node_id() {
             self.last_heard_here(node)
@@ -278,13 +277,13 @@ impl Cluster {
             self.peers
                 .post(
                     &address,
-                    internal::PATH_LAST_HEARD,
-                    &internal::Heartbeat { node },
+                    protocol::PATH_LAST_HEARD,
+                    &protocol::Heartbeat { node },
                 )
                 .await
                 .ok()?
         };
-        (answer != internal::LastHeard::NotLeader).then_some(answer)
+        (answer != protocol::LastHeard::NotLeader).then_some(answer)
     }
 
     pub async fn wait_for_state(

@@ -17,7 +17,7 @@ use trireme_control::raft::{RaftError, TypeConfig};
 use trireme_types::NodeId;
 
 use super::auth;
-use super::internal::{PATH_APPEND, PATH_SNAPSHOT, PATH_VOTE};
+use super::protocol::{PATH_APPEND, PATH_SNAPSHOT, PATH_VOTE};
 
 /// A peer that does not answer within this time is treated as unreachable.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(5);

@@ -22,9 +22,9 @@ use trireme_control::{raft, Command, NodeRegistration};
 use trireme_types::NodeId;
 
 use super::identity::Identity;
-use super::internal::{Heartbeat, JoinRequest, JoinResponse, PATH_HEARTBEAT, PATH_JOIN};
 use super::leader::Liveness;
 use super::peer::{self, Network, PeerClient};
+use super::protocol::{Heartbeat, JoinRequest, JoinResponse, PATH_HEARTBEAT, PATH_JOIN};
 use super::{auth, Cluster, ClusterConfig, ClusterError};
 use crate::NodeError;
 
