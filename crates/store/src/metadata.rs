@@ -140,8 +140,14 @@ pub struct Metadata {
     path: PathBuf,
 }
 
+/// A failed metadata operation. An I/O error stays one (with its OS
+/// error), so a full file system is told apart from a damaged database by
+/// its type, not by searching the message.
 fn failed(context: &'static str) -> impl Fn(redb::Error) -> StoreError {
-    move |error| StoreError::metadata(context, error)
+    move |error| match error {
+        redb::Error::Io(source) => StoreError::io(format!("metadata database {context}"), source),
+        error => StoreError::metadata(context, error),
+    }
 }
 
 macro_rules! db {
@@ -485,4 +491,26 @@ fn remove_volume_rows(
         saved_table.retain_in((id.0, 0, 0)..=(id.0, u64::MAX, u64::MAX), |_, _| false)
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_io_error_of_the_database_keeps_its_os_error() {
+        let full = redb::Error::Io(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        match failed("commit volume create")(full) {
+            StoreError::Io { context, source } => {
+                assert_eq!(context, "metadata database commit volume create");
+                assert_eq!(source.raw_os_error(), Some(libc::ENOSPC));
+            }
+            other => panic!("expected an I/O error, got {other:?}"),
+        }
+        let damaged = redb::Error::Corrupted("bad page".into());
+        assert!(matches!(
+            failed("load")(damaged),
+            StoreError::Metadata { .. }
+        ));
+    }
 }
