@@ -175,7 +175,50 @@ pub enum ReplicaObserved {
     /// Placed, not yet reported by its node.
     Pending,
     Ready,
-    Failed(String),
+    Failed(ReplicaFailure),
+}
+
+/// Why a node could not make its replica, as it reported it: classified
+/// where the error was still typed, so no reader has to search the text.
+///
+/// Untagged: a failure of no known class is its message alone, as every
+/// failure was before the classes existed, so older logs and snapshots
+/// read the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ReplicaFailure {
+    /// The pool, or the file system under it, has no room left.
+    NoSpace {
+        pool: PoolName,
+        message: String,
+    },
+    Other(String),
+}
+
+impl ReplicaFailure {
+    pub fn message(&self) -> &str {
+        match self {
+            ReplicaFailure::NoSpace { message, .. } | ReplicaFailure::Other(message) => message,
+        }
+    }
+}
+
+impl std::fmt::Display for ReplicaFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl From<String> for ReplicaFailure {
+    fn from(message: String) -> Self {
+        ReplicaFailure::Other(message)
+    }
+}
+
+impl From<&str> for ReplicaFailure {
+    fn from(message: &str) -> Self {
+        ReplicaFailure::Other(message.to_string())
+    }
 }
 
 /// How far a running resync of one replica has got, as the data path last
@@ -659,3 +702,29 @@ pub(crate) fn has_other_in_sync(volume: &VolumeRecord, node: NodeId) -> bool {
 
 /// The most diskful replicas a volume may have.
 pub const MAX_PLACE_COUNT: usize = 7;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_reads_as_before_and_its_class_survives_the_log() {
+        // What every node wrote before failures had classes.
+        let old: ReplicaObserved =
+            serde_json::from_str(r#"{"state":"failed","message":"disk on fire"}"#).unwrap();
+        assert_eq!(old, ReplicaObserved::Failed("disk on fire".into()));
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"state":"failed","message":"disk on fire"}"#
+        );
+        let full = ReplicaObserved::Failed(ReplicaFailure::NoSpace {
+            pool: PoolName::new("fast").unwrap(),
+            message: "pool 'fast' has no room".into(),
+        });
+        let text = serde_json::to_string(&full).unwrap();
+        assert_eq!(
+            serde_json::from_str::<ReplicaObserved>(&text).unwrap(),
+            full
+        );
+    }
+}

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use trireme_control::{
-    Command, PoolRecord, PoolReport, ReplicaKind, ReplicaObserved, VolumeRecord,
+    Command, PoolRecord, PoolReport, ReplicaFailure, ReplicaKind, ReplicaObserved, VolumeRecord,
 };
 use trireme_types::{PoolName, VolumeName};
 
@@ -159,7 +159,10 @@ pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), N
             Ok(info) => (ReplicaObserved::Ready, info.allocated_bytes),
             Err(error) => {
                 tracing::warn!(volume = %volume.name, %error, "cannot make the local replica");
-                (ReplicaObserved::Failed(error.to_string()), 0)
+                let pool = existing
+                    .map(|info| info.pool.clone())
+                    .or_else(|| replica.pool.clone());
+                (ReplicaObserved::Failed(replica_failure(&error, pool)), 0)
             }
         };
         // Small changes wait until they add up (each report is a Raft
@@ -206,6 +209,19 @@ pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), N
     }
 
     report_pools(cluster, node, &recorded_pools).await
+}
+
+/// What the cluster is told about a replica this node could not make:
+/// a full pool keeps its class (the API answers 507 for it), anything
+/// else is its message.
+pub(crate) fn replica_failure(error: &NodeError, pool: Option<PoolName>) -> ReplicaFailure {
+    match pool {
+        Some(pool) if error.is_out_of_space() => ReplicaFailure::NoSpace {
+            message: format!("no space left in pool '{pool}': {error}"),
+            pool,
+        },
+        _ => ReplicaFailure::Other(error.to_string()),
+    }
 }
 
 /// Reports this node's pools if they differ from `recorded` (what the
@@ -258,5 +274,39 @@ fn pool_report(status: &PoolStatus) -> PoolReport {
             online: status.offline_reason.is_none(),
             reported_ms: auth::now_ms(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trireme_store::StoreError;
+
+    #[test]
+    fn a_full_pool_is_told_by_its_os_error_not_its_text() {
+        let pool = PoolName::new("fast").unwrap();
+        let quota = NodeError::Io {
+            context: "grow the pool file".into(),
+            source: std::io::Error::from_raw_os_error(libc::EDQUOT),
+        };
+        match replica_failure(&quota, Some(pool.clone())) {
+            ReplicaFailure::NoSpace {
+                pool: named,
+                message,
+            } => {
+                assert_eq!(named, pool);
+                assert!(
+                    message.starts_with("no space left in pool 'fast': "),
+                    "{message}"
+                );
+            }
+            other => panic!("a quota is a full pool: {other:?}"),
+        }
+        // Words alone do not make a full pool.
+        let worded = NodeError::Store(StoreError::Fatal("No space, pool full".into()));
+        assert!(matches!(
+            replica_failure(&worded, Some(pool)),
+            ReplicaFailure::Other(_)
+        ));
     }
 }

@@ -66,4 +66,19 @@ impl NodeError {
             source,
         }
     }
+
+    /// Whether the disk or file system ran out of room (ENOSPC, or a quota:
+    /// EDQUOT): the admin makes room or uses another pool; nothing is broken.
+    pub fn is_out_of_space(&self) -> bool {
+        match self {
+            NodeError::Store(StoreError::Io { source, .. }) | NodeError::Io { source, .. } => {
+                is_out_of_space(source)
+            }
+            _ => false,
+        }
+    }
+}
+
+pub(crate) fn is_out_of_space(error: &std::io::Error) -> bool {
+    error.raw_os_error() == Some(libc::ENOSPC) || error.raw_os_error() == Some(libc::EDQUOT)
 }

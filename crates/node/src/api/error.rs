@@ -11,6 +11,7 @@ use axum::Json;
 use trireme_store::StoreError;
 
 use super::model::ErrorBody;
+use crate::error::is_out_of_space;
 use crate::NodeError;
 
 #[derive(Debug)]
@@ -139,10 +140,6 @@ impl From<crate::cluster::ClusterError> for ApiError {
         };
         ApiError::new(status, code, message)
     }
-}
-
-fn is_out_of_space(error: &std::io::Error) -> bool {
-    error.raw_os_error() == Some(libc::ENOSPC) || error.raw_os_error() == Some(libc::EDQUOT)
 }
 
 fn store_status(error: &StoreError) -> (StatusCode, &'static str) {

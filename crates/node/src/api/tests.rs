@@ -739,3 +739,86 @@ async fn device_requests_with_bad_input_are_refused_by_name() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+/// A replica its node could not make fails the create: 507 naming the
+/// pool when the pool was full (as the agent classifies the store's
+/// ENOSPC), 500 for anything else. The failure is reported as the agent
+/// reports it (no agent runs here).
+#[tokio::test]
+async fn a_replica_that_found_its_pool_full_fails_the_create_with_507() {
+    use trireme_control::{Command, PoolRecord, PoolReport};
+    use trireme_store::StoreError;
+    use trireme_types::{DeviceClass, NodeId, PoolName, VolumeName};
+    let node = test_node().await;
+    let pool = PoolName::new("p1").unwrap();
+    node.write(Command::ReportPools {
+        node: NodeId(1),
+        pools: vec![PoolReport {
+            name: pool.clone(),
+            record: PoolRecord {
+                class: DeviceClass::Ssd,
+                capacity_bytes: 1 << 30,
+                free_bytes: 1 << 30,
+                online: true,
+                reported_ms: crate::cluster::auth::now_ms(),
+            },
+        }],
+    })
+    .await;
+    let full = crate::NodeError::Store(StoreError::Io {
+        context: "metadata database commit volume create".into(),
+        source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+    });
+    let broken = crate::NodeError::Store(StoreError::Fatal("bad block".into()));
+    for (name, error, status, code, words) in [
+        (
+            "full",
+            full,
+            StatusCode::INSUFFICIENT_STORAGE,
+            "replica_failed",
+            "test: no space left in pool 'p1'",
+        ),
+        (
+            "broken",
+            broken,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "replica_failed",
+            "test: pool is damaged and was taken offline: bad block",
+        ),
+    ] {
+        let body = format!(r#"{{"name":"{name}","size_bytes":1048576,"pool":"p1"}}"#);
+        let volume = VolumeName::new(name).unwrap();
+        let report = async {
+            let mut id = None;
+            node.cluster
+                .wait_for_state(std::time::Duration::from_secs(10), |state| {
+                    id = state.volumes.get(&volume).map(|record| record.id);
+                    id.is_some()
+                })
+                .await;
+            node.write(Command::ReportReplica {
+                volume: volume.clone(),
+                volume_id: id.expect("the volume was recorded"),
+                node: NodeId(1),
+                observed: trireme_control::ReplicaObserved::Failed(crate::agent::replica_failure(
+                    &error,
+                    Some(pool.clone()),
+                )),
+                allocated_bytes: 0,
+            })
+            .await;
+        };
+        let (answer, ()) = tokio::join!(node.call("POST", "/api/v1/volumes", Some(&body)), report);
+        assert_error(&answer, status, code, words);
+        // Taken back: deleting until its node's agent removes the replica.
+        assert!(
+            node.cluster
+                .state
+                .read()
+                .volumes
+                .get(&volume)
+                .is_none_or(|record| record.deleting),
+            "the failed volume's record is taken back"
+        );
+    }
+}

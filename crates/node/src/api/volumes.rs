@@ -11,8 +11,8 @@ use axum::http::StatusCode;
 use axum::Json;
 use std::time::Duration;
 use trireme_control::{
-    command::takeover_advice, ClusterState, Command, CommandError, NodeState, ReplicaKind,
-    ReplicaObserved, ReplicaRecord, Reply, SyncProgress, VolumeRecord,
+    command::takeover_advice, ClusterState, Command, CommandError, NodeState, ReplicaFailure,
+    ReplicaKind, ReplicaObserved, ReplicaRecord, Reply, SyncProgress, VolumeRecord,
 };
 use trireme_types::{GroupName, NodeId, NodeName, VolumeName};
 
@@ -227,7 +227,7 @@ impl ApiState {
                     let (observed, message) = match &replica.observed {
                         ReplicaObserved::Pending => ("pending", None),
                         ReplicaObserved::Ready => ("ready", None),
-                        ReplicaObserved::Failed(message) => ("failed", Some(message.clone())),
+                        ReplicaObserved::Failed(message) => ("failed", Some(message.to_string())),
                     };
                     let in_sync = record.is_in_sync(replica.node);
                     ReplicaResponse {
@@ -382,12 +382,15 @@ pub async fn create_volume(
         .wait_replicas(&name, created.id)
         .await
         .unwrap_or(*created);
-    let failures: Vec<String> = record
+    let failures: Vec<(String, &ReplicaFailure)> = record
         .diskful()
         .filter_map(|replica| match &replica.observed {
-            ReplicaObserved::Failed(message) => Some(format!(
-                "{}: {message}",
-                state.cluster.state.read().node_name(replica.node)
+            ReplicaObserved::Failed(failure) => Some((
+                format!(
+                    "{}: {failure}",
+                    state.cluster.state.read().node_name(replica.node)
+                ),
+                failure,
             )),
             _ => None,
         })
@@ -407,9 +410,16 @@ pub async fn create_volume(
             .await;
         let message = format!(
             "volume '{name}' could not be created: {}",
-            failures.join("; ")
+            failures
+                .iter()
+                .map(|(text, _)| text.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
         );
-        let status = if message.contains("No space") || message.contains("full") {
+        let full = failures
+            .iter()
+            .any(|(_, failure)| matches!(failure, ReplicaFailure::NoSpace { .. }));
+        let status = if full {
             StatusCode::INSUFFICIENT_STORAGE
         } else {
             StatusCode::INTERNAL_SERVER_ERROR
