@@ -22,9 +22,9 @@
 //! ```no_run
 //! # async fn example(registry: std::sync::Arc<dyn trireme_export::ExportRegistry>) {
 //! use trireme_export::{NbdConfig, NbdServer};
-//! let server = NbdServer::bind(&NbdConfig::default(), registry).await.unwrap();
+//! let server = NbdServer::bind(&NbdConfig::default()).await.unwrap();
 //! println!("NBD on {:?}", server.tcp_local_addr());
-//! server.serve(async { let _ = tokio::signal::ctrl_c().await; }).await.unwrap();
+//! server.serve(registry, async { let _ = tokio::signal::ctrl_c().await; }).await.unwrap();
 //! # }
 //! ```
 

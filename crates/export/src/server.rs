@@ -61,11 +61,11 @@ pub enum ExportError {
 }
 
 /// A bound NBD server, not yet serving. Binding first lets callers learn the
-/// port chosen for `127.0.0.1:0`.
+/// port chosen for `127.0.0.1:0` (and announce it) before they build what
+/// the exports need; the registry comes with [`NbdServer::serve`].
 pub struct NbdServer {
     tcp: Option<TcpListener>,
     unix: Option<(UnixListener, PathBuf)>,
-    registry: Arc<dyn ExportRegistry>,
 }
 
 /// Binds and serves until `shutdown` completes.
@@ -74,17 +74,14 @@ pub async fn serve(
     registry: Arc<dyn ExportRegistry>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ExportError> {
-    NbdServer::bind(&config, registry)
+    NbdServer::bind(&config)
         .await?
-        .serve(shutdown)
+        .serve(registry, shutdown)
         .await
 }
 
 impl NbdServer {
-    pub async fn bind(
-        config: &NbdConfig,
-        registry: Arc<dyn ExportRegistry>,
-    ) -> Result<Self, ExportError> {
+    pub async fn bind(config: &NbdConfig) -> Result<Self, ExportError> {
         if config.tcp_listen.is_none() && config.unix_socket.is_none() {
             return Err(ExportError::NoListener);
         }
@@ -100,11 +97,7 @@ impl NbdServer {
             Some(path) => Some((bind_unix(path)?, path.clone())),
             None => None,
         };
-        Ok(NbdServer {
-            tcp,
-            unix,
-            registry,
-        })
+        Ok(NbdServer { tcp, unix })
     }
 
     /// The bound TCP address (with the real port when 0 was asked for).
@@ -118,9 +111,14 @@ impl NbdServer {
         self.unix.as_ref().map(|(_, path)| path.as_path())
     }
 
-    /// Accepts and serves clients until `shutdown` completes, then lets
-    /// connections finish in-flight requests for up to [`SHUTDOWN_GRACE`].
-    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ExportError> {
+    /// Accepts clients and serves them the exports of `registry` until
+    /// `shutdown` completes, then lets connections finish in-flight
+    /// requests for up to [`SHUTDOWN_GRACE`].
+    pub async fn serve(
+        self,
+        registry: Arc<dyn ExportRegistry>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ExportError> {
         let (stop_sender, stop_receiver) = watch::channel(false);
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         let mut connections = JoinSet::new();
@@ -137,7 +135,7 @@ impl NbdServer {
                         }
                         let Some(slot) = take_slot(&slots) else { continue };
                         let (reader, writer) = stream.into_split();
-                        let (registry, stop) = (self.registry.clone(), stop_receiver.clone());
+                        let (registry, stop) = (registry.clone(), stop_receiver.clone());
                         connections.spawn(async move {
                             let _slot: OwnedSemaphorePermit = slot;
                             connection::run(reader, writer, registry, stop, peer.to_string()).await;
@@ -149,7 +147,7 @@ impl NbdServer {
                     Ok(stream) => {
                         let Some(slot) = take_slot(&slots) else { continue };
                         let (reader, writer) = stream.into_split();
-                        let (registry, stop) = (self.registry.clone(), stop_receiver.clone());
+                        let (registry, stop) = (registry.clone(), stop_receiver.clone());
                         connections.spawn(async move {
                             let _slot: OwnedSemaphorePermit = slot;
                             connection::run(reader, writer, registry, stop, "unix".to_owned()).await;

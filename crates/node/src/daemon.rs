@@ -114,23 +114,16 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
         .local_addr()
         .map_err(|error| NodeError::io("read the data listen address", error))?;
     let replication = crate::replicated::Replication::open(node.clone())?;
-    let exports_cluster = Arc::new(std::sync::OnceLock::new());
     let metrics = crate::metrics::Metrics::new();
     let nbd_config = NbdConfig {
         tcp_listen: Some(config.nbd_listen),
         unix_socket: Some(nbd_socket),
     };
-    let nbd_server = NbdServer::bind(
-        &nbd_config,
-        Arc::new(NodeExports::new(
-            node.clone(),
-            exports_cluster.clone(),
-            replication.clone(),
-            metrics.clone(),
-        )),
-    )
-    .await
-    .map_err(|error| NodeError::Nbd(error_chain(&error)))?;
+    // Bound before the cluster starts, which announces the NBD address;
+    // its exports are built once the cluster handle exists.
+    let nbd_server = NbdServer::bind(&nbd_config)
+        .await
+        .map_err(|error| NodeError::Nbd(error_chain(&error)))?;
     let nbd_tcp = nbd_server.tcp_local_addr();
     let addresses = Addresses {
         api: api_address.to_string(),
@@ -156,7 +149,12 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
         advertised(data_address, config.advertise),
     );
     write_admin_token(&config.data_dir, &cluster.admin_token())?;
-    let _ = exports_cluster.set(cluster.clone());
+    let exports = Arc::new(NodeExports::new(
+        node.clone(),
+        cluster.clone(),
+        replication.clone(),
+        metrics.clone(),
+    ));
 
     let (stop_sender, stop_receiver) = watch::channel(false);
     let stopped = {
@@ -246,7 +244,7 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
     );
     let _ = std::io::stdout().flush();
 
-    let mut nbd_task = tokio::spawn(nbd_server.serve(stopped()));
+    let mut nbd_task = tokio::spawn(nbd_server.serve(exports, stopped()));
 
     let mut outcome = Ok(());
     tokio::select! {

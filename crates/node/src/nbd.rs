@@ -4,7 +4,7 @@
 //! Volumes are opened once and cached by [`Node`]; a deleted volume drops
 //! out of the cache (its old handle answers `ShuttingDown`).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use trireme_types::VolumeName;
 
 use crate::cluster::Cluster;
@@ -21,8 +21,7 @@ pub use trireme_export::{NbdConfig, NbdServer};
 /// Export name → volume, for the NBD server.
 pub struct NodeExports {
     node: Arc<Node>,
-    /// Set once the node is a cluster member (the server binds before).
-    cluster: Arc<OnceLock<Arc<Cluster>>>,
+    cluster: Arc<Cluster>,
     replication: Arc<Replication>,
     /// Where each volume's requests are counted.
     metrics: Arc<Metrics>,
@@ -31,7 +30,7 @@ pub struct NodeExports {
 impl NodeExports {
     pub fn new(
         node: Arc<Node>,
-        cluster: Arc<OnceLock<Arc<Cluster>>>,
+        cluster: Arc<Cluster>,
         replication: Arc<Replication>,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -49,9 +48,7 @@ impl NodeExports {
     /// served only where it is attached (`volume attach`); the error says
     /// where that is, or how to attach it.
     fn servable_here(&self, name: &str) -> Result<(), String> {
-        let Some(cluster) = self.cluster.get() else {
-            return Ok(());
-        };
+        let cluster = &self.cluster;
         let Ok(name) = VolumeName::new(name) else {
             return Err(format!("'{name}' is not a volume name"));
         };
@@ -141,9 +138,7 @@ impl NodeExports {
     /// `VOLUME@SNAPSHOT`: a ready snapshot whose copy is on this node,
     /// read-only.
     fn open_snapshot(&self, volume: &str, snapshot: &str) -> Result<Arc<dyn BlockTarget>, String> {
-        let Some(cluster) = self.cluster.get() else {
-            return Err("snapshots are served once the node is part of a cluster".into());
-        };
+        let cluster = &self.cluster;
         let volume =
             VolumeName::new(volume).map_err(|_| format!("'{volume}' is not a volume name"))?;
         let state = cluster.state.read();

@@ -295,12 +295,13 @@ impl TestServer {
             tcp_listen: Some("127.0.0.1:0".parse().unwrap()),
             unix_socket: Some(unix_socket.clone()),
         };
-        let server = NbdServer::bind(&config, registry.clone()).await.unwrap();
+        let server = NbdServer::bind(&config).await.unwrap();
         let address = server.tcp_local_addr().unwrap();
         let (stop, stopped) = oneshot::channel();
+        let served = registry.clone();
         let task = tokio::spawn(async move {
             server
-                .serve(async {
+                .serve(served, async {
                     let _ = stopped.await;
                 })
                 .await
