@@ -16,8 +16,8 @@ use trireme_types::NodeId;
 
 use super::ApiError;
 use crate::cluster::protocol::{
-    Heartbeat, JoinRequest, JoinResponse, LastHeard, WriteOutcome, PATH_APPEND, PATH_HEARTBEAT,
-    PATH_JOIN, PATH_LAST_HEARD, PATH_SNAPSHOT, PATH_VOTE, PATH_WRITE,
+    Heartbeat, JoinRequest, JoinResponse, LastHeard, WriteOutcome, CODE_NODE_REMOVED, PATH_APPEND,
+    PATH_HEARTBEAT, PATH_JOIN, PATH_LAST_HEARD, PATH_SNAPSHOT, PATH_VOTE, PATH_WRITE,
 };
 use crate::cluster::{auth, peer, was_removed, Cluster, ClusterError};
 
@@ -90,7 +90,7 @@ pub(crate) fn verified<T: serde::de::DeserializeOwned>(
             // comes back learns it, records it and stops (see `peer`).
             return Err(ApiError::new(
                 StatusCode::GONE,
-                peer::CODE_NODE_REMOVED,
+                CODE_NODE_REMOVED,
                 format!(
                     "node {node} was removed from cluster {}; it must not run on its old data directory",
                     cluster.identity.cluster_id

@@ -17,7 +17,7 @@ use trireme_control::raft::{RaftError, TypeConfig};
 use trireme_types::NodeId;
 
 use super::auth;
-use super::protocol::{PATH_APPEND, PATH_SNAPSHOT, PATH_VOTE};
+use super::protocol::{CODE_NODE_REMOVED, PATH_APPEND, PATH_SNAPSHOT, PATH_VOTE};
 
 /// A peer that does not answer within this time is treated as unreachable.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -42,9 +42,6 @@ pub enum PeerError {
     #[error("{address} answered that this node was removed from the cluster: {body}")]
     Removed { address: String, body: String },
 }
-
-/// The `code` a member answers (with 410 Gone) to a removed node.
-pub const CODE_NODE_REMOVED: &str = "node_removed";
 
 /// Signs and sends requests to other members.
 #[derive(Clone)]

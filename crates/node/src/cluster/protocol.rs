@@ -16,6 +16,8 @@ pub const PATH_JOIN: &str = "/internal/v1/join";
 pub const PATH_HEARTBEAT: &str = "/internal/v1/heartbeat";
 /// The leader's view of one node's heartbeats ([`LastHeard`]).
 pub const PATH_LAST_HEARD: &str = "/internal/v1/last-heard";
+/// The `code` a member answers (with 410 Gone) to a removed node.
+pub const CODE_NODE_REMOVED: &str = "node_removed";
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum WriteOutcome {
