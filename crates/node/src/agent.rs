@@ -3,7 +3,8 @@
 //!
 //! On every change of the local state copy (and every few seconds):
 //! - each diskful replica placed here gets its store volume (created or
-//!   grown to the recorded size) and is reported ready, or failed with why;
+//!   grown to the recorded size) and is reported ready, or failed with why
+//!   (a full pool as `ReplicaFailure::NoSpace`, so the API can answer 507);
 //! - each replica here of a volume being deleted is removed and reported;
 //! - a local volume the cluster does not know (made before this node was in
 //!   a cluster) is registered as a one-replica volume on this node;
