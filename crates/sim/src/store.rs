@@ -28,8 +28,9 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use trireme_store::active_set::REGION_BYTES;
 use trireme_store::layout::Layout;
-use trireme_store::{Background, Pool, PoolOnDisk, Step, Volume};
+use trireme_store::{Background, BugSwitches, Pool, PoolOnDisk, PoolOptions, Step, Volume};
 use trireme_types::{BlockBuf, BlockTarget, DeviceClass, PoolId, PoolName, SnapshotId};
 use trireme_types::{TargetError, VolumeName};
 
@@ -54,6 +55,9 @@ pub struct StoreSimConfig {
     pub snapshots: bool,
     /// Random EIO on both disks.
     pub faults: Faults,
+    /// Rules the store breaks on purpose (all off but in the tests that
+    /// show each is caught).
+    pub bugs: BugSwitches,
     pub trace: bool,
 }
 
@@ -78,6 +82,7 @@ impl StoreSimConfig {
             } else {
                 Faults::default()
             },
+            bugs: BugSwitches::default(),
             trace: false,
         }
     }
@@ -98,21 +103,80 @@ pub struct StoreSimReport {
     pub injected_errors: u64,
     pub blocks_checked: u64,
     pub sectors_dropped_by_crashes: u64,
+    /// Writes that went in place once (checksum records), all sessions.
+    pub direct_writes: u64,
+    /// Blocks read after a crash as a sector mix of their flushed value
+    /// and unflushed writes (a direct write torn by the crash).
+    pub torn_blocks: u64,
 }
 
-/// A block's history as the model knows it. Tag 0 is zeros.
+/// A block's durable value as the model knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Durable {
+    /// The data of a tag (0 is zeros).
+    Tag(u64),
+    /// A sector mix of tags a crash left (an unflushed direct write torn
+    /// at a sector), as read after that crash.
+    Bytes(Arc<Vec<u8>>),
+    /// Unknown since a read of it failed after corruption.
+    Unknown,
+}
+
+/// A block's history as the model knows it.
 #[derive(Debug, Clone)]
 struct BlockModel {
-    /// Made durable by a completed flush; `None` once unknown (a read of
-    /// it failed after corruption).
-    flushed: Option<u64>,
+    /// Made durable by a completed flush.
+    flushed: Durable,
     /// Acknowledged (or maybe written, by a request that failed) since.
     later: Vec<u64>,
 }
 
 impl BlockModel {
-    fn latest(&self) -> Option<u64> {
-        self.later.last().copied().or(self.flushed)
+    fn latest(&self) -> Durable {
+        match self.later.last() {
+            Some(tag) => Durable::Tag(*tag),
+            None => self.flushed.clone(),
+        }
+    }
+
+    /// True if `block` is exactly `value` (anything, when unknown).
+    fn reads_as(value: &Durable, block: &[u8]) -> bool {
+        match value {
+            Durable::Tag(tag) => tag_of(block) == Some(*tag),
+            Durable::Bytes(bytes) => bytes.as_slice() == block,
+            Durable::Unknown => true,
+        }
+    }
+
+    /// What a crash may leave: the flushed value, a later one, or each
+    /// 512-byte sector from one of those (a torn unflushed write; no
+    /// sector ever holds bytes that no write made). `Some(true)` for a
+    /// whole value, `Some(false)` for a sector mix, `None` otherwise.
+    fn after_crash(&self, block: &[u8]) -> Option<bool> {
+        if self.flushed == Durable::Unknown {
+            return Some(true);
+        }
+        if BlockModel::reads_as(&self.flushed, block)
+            || self
+                .later
+                .iter()
+                .any(|tag| BlockModel::reads_as(&Durable::Tag(*tag), block))
+        {
+            return Some(true);
+        }
+        let mut candidates: Vec<Vec<u8>> = self.later.iter().map(|tag| block_data(*tag)).collect();
+        match &self.flushed {
+            Durable::Tag(tag) => candidates.push(block_data(*tag)),
+            Durable::Bytes(bytes) => candidates.push(bytes.to_vec()),
+            Durable::Unknown => {}
+        }
+        let sector = 512;
+        let mixed = (0..block.len()).step_by(sector).all(|at| {
+            candidates
+                .iter()
+                .any(|candidate| candidate[at..at + sector] == block[at..at + sector])
+        });
+        mixed.then_some(false)
     }
 }
 
@@ -164,6 +228,11 @@ struct Run {
     errors_seen: u64,
     /// A bit was flipped in this run: reads may fail with a checksum error.
     corrupted: bool,
+    /// Regions (of the data area) holding a flipped bit in their data.
+    flipped_regions: std::collections::BTreeSet<u64>,
+    /// A flipped bit lay in a region of the active set at a crash: replay
+    /// may have adopted it as the block's data (see `docs/store-format.md`).
+    adopted_rot: bool,
     /// A latent sector error was put in the data: reads may fail with a
     /// device error (counted as an injected one).
     unreadable: bool,
@@ -195,12 +264,53 @@ fn label() -> &'static Path {
     Path::new("sim:pool")
 }
 
+/// The store's bug switches by name (`sim-store --bug NAME`).
+pub const BUG_NAMES: [&str; 4] = [
+    "ack-before-durable",
+    "skip-read-checksum",
+    "apply-before-durable",
+    "direct-before-active",
+];
+
+fn bug_switch<'a>(bugs: &'a mut BugSwitches, name: &str) -> Option<&'a mut bool> {
+    Some(match name {
+        "ack-before-durable" => &mut bugs.ack_before_durable,
+        "skip-read-checksum" => &mut bugs.skip_read_checksum,
+        "apply-before-durable" => &mut bugs.apply_before_durable,
+        "direct-before-active" => &mut bugs.direct_before_active,
+        _ => return None,
+    })
+}
+
+/// Turns on the bug switch called `name` (one of [`BUG_NAMES`]).
+pub fn switch_on(bugs: &mut BugSwitches, name: &str) -> Result<(), String> {
+    let switch = bug_switch(bugs, name)
+        .ok_or_else(|| format!("no bug switch {name}; known: {}", BUG_NAMES.join(", ")))?;
+    *switch = true;
+    Ok(())
+}
+
+/// The names of the switches that are on.
+pub fn switched_on(bugs: &BugSwitches) -> Vec<&'static str> {
+    let mut copy = *bugs;
+    BUG_NAMES
+        .into_iter()
+        .filter(|name| bug_switch(&mut copy, name).is_some_and(|on| *on))
+        .collect()
+}
+
+fn options(config: &StoreSimConfig) -> PoolOptions {
+    let mut options = PoolOptions::new(Background::Inline);
+    options.bugs = config.bugs;
+    options
+}
+
 impl Run {
     fn new(seed: u64, config: StoreSimConfig) -> Result<Run, String> {
         let pool_disk = SimDisk::new(config.pool_bytes, seed);
         let metadata_disk = SimDisk::new(0, seed ^ 0x6d65_7461);
         let layout = Layout::compute(config.pool_bytes).map_err(|error| error.to_string())?;
-        let pool = Pool::create_on(
+        let pool = Pool::create_on_with(
             Arc::new(pool_disk.clone()),
             SimRedbBackend(metadata_disk.clone()),
             label(),
@@ -210,7 +320,7 @@ impl Run {
                 class: DeviceClass::Ssd,
                 uuid: (seed as u128) << 64 | 0x5349_4d21,
             },
-            Background::Inline,
+            options(&config),
         )
         .map_err(|error| format!("creating the pool: {error}"))?;
         let mut volumes = Vec::new();
@@ -223,7 +333,7 @@ impl Run {
         }
         let blocks = config.volume_blocks as usize;
         let empty = BlockModel {
-            flushed: Some(0),
+            flushed: Durable::Tag(0),
             later: Vec::new(),
         };
         pool_disk.set_faults(config.faults);
@@ -243,6 +353,8 @@ impl Run {
             next_tag: 1,
             errors_seen: 0,
             corrupted: false,
+            flipped_regions: Default::default(),
+            adopted_rot: false,
             unreadable: false,
             report: StoreSimReport::default(),
             step: 0,
@@ -298,6 +410,7 @@ impl Run {
         }
         if let Some(pool) = self.pool.take() {
             self.volumes.clear();
+            self.report.direct_writes += pool.direct_writes();
             pool.shutdown()
                 .map_err(|error| self.fail(format!("shutdown: {error}")))?;
         }
@@ -433,7 +546,7 @@ impl Run {
         for blocks in &mut self.models {
             for block in blocks {
                 if let Some(latest) = block.later.last() {
-                    block.flushed = Some(*latest);
+                    block.flushed = Durable::Tag(*latest);
                     block.later.clear();
                 }
             }
@@ -466,14 +579,15 @@ impl Run {
                 for index in 0..count {
                     let block = (first + index) as usize;
                     let at = (index * BLOCK_BYTES) as usize;
-                    let found = tag_of(&buffer[at..at + BLOCK_BYTES as usize]);
+                    let data = &buffer[at..at + BLOCK_BYTES as usize];
+                    let found = tag_of(data);
                     let model = &self.models[volume][block];
                     let expected = model.latest();
-                    let fine = match (found, expected) {
-                        (Some(found), Some(expected)) => found == expected,
-                        // Unknown since a failed read after corruption.
-                        (Some(_), None) => true,
-                        (None, _) => false,
+                    // Unknown since a failed read after corruption: any
+                    // tag, never garbage.
+                    let fine = match expected {
+                        Durable::Unknown => found.is_some(),
+                        _ => BlockModel::reads_as(&expected, data),
                     };
                     if !fine {
                         return Err(self.fail(format!(
@@ -579,9 +693,28 @@ impl Run {
             self.unreadable = true;
             return Ok(());
         }
-        let offset = self
-            .pool_disk
-            .flip_random_bit(self.layout.checksum_offset, self.config.pool_bytes);
+        // Replay takes the checksums of the active regions' blocks from
+        // their data (writes there went in place ahead of their checksum
+        // records): rot there in the crash window is adopted, not
+        // detected, so it is put only outside them.
+        let active = self.pool().regions_maybe_active();
+        let from = self.layout.checksum_offset;
+        let offset = from + self.pool_disk.random_below(self.config.pool_bytes - from);
+        let region = if offset >= self.layout.data_offset {
+            (offset - self.layout.data_offset) / REGION_BYTES
+        } else {
+            (offset - from) / 4 / BLOCKS_PER_CHUNK * trireme_store::layout::CHUNK_BYTES
+                / REGION_BYTES
+        };
+        if active.contains(&(region as u32)) {
+            self.trace(|| format!("no flip: byte {offset} is in active region {region}"));
+            return Ok(());
+        }
+        self.pool_disk
+            .flip_bit(offset, self.pool_disk.random_below(8) as u8);
+        if offset >= self.layout.data_offset {
+            self.flipped_regions.insert(region);
+        }
         self.trace(|| format!("flipped a bit at byte {offset}"));
         self.corrupted = true;
         Ok(())
@@ -596,17 +729,26 @@ impl Run {
             format!("crash: {dropped_pool} pool and {dropped_metadata} metadata sectors lost")
         });
         // The old pool's handles are dead: dropping it writes nothing.
+        self.adopted_rot = false;
+        if let Some(pool) = &self.pool {
+            self.report.direct_writes += pool.direct_writes();
+            let active = pool.regions_maybe_active();
+            self.adopted_rot = self
+                .flipped_regions
+                .iter()
+                .any(|region| active.contains(&(*region as u32)));
+        }
         self.volumes.clear();
         drop(self.pool.take());
         // Recovery runs without injected errors: a fault there only stops
         // the open, which says nothing about what survived.
         self.pool_disk.set_faults(Faults::default());
         self.metadata_disk.set_faults(Faults::default());
-        let pool = Pool::open_on(
+        let pool = Pool::open_on_with(
             Arc::new(self.pool_disk.reopen()),
             SimRedbBackend(self.metadata_disk.reopen()),
             label(),
-            Background::Inline,
+            options(&self.config),
         )
         .map_err(|error| self.fail(format!("reopening after a crash: {error}")))?;
         for index in 0..self.config.volumes {
@@ -638,27 +780,31 @@ impl Run {
                 match result {
                     Ok(()) => {
                         let found = tag_of(&buffer);
-                        let allowed = match (found, model.flushed) {
-                            (None, _) => false,
-                            (Some(_), None) => true,
-                            (Some(found), Some(flushed)) => {
-                                found == flushed || model.later.contains(&found)
-                            }
-                        };
+                        let allowed = match model.flushed {
+                            Durable::Unknown => found.is_some(),
+                            _ => model.after_crash(&buffer).is_some(),
+                        } || (found.is_none() && self.adopted_rot);
                         if !allowed {
                             return Err(self.fail(format!(
                                 "after a crash v{volume} block {block} reads {found:?}; flushed {:?}, written since {:?}",
                                 model.flushed, model.later
                             )));
                         }
+                        let flushed = match found {
+                            Some(tag) => Durable::Tag(tag),
+                            None => {
+                                self.report.torn_blocks += 1;
+                                Durable::Bytes(Arc::new(buffer.clone()))
+                            }
+                        };
                         self.models[volume][block] = BlockModel {
-                            flushed: found,
+                            flushed,
                             later: Vec::new(),
                         };
                     }
                     Err(TargetError::Checksum { .. }) if self.corrupted => {
                         self.models[volume][block] = BlockModel {
-                            flushed: None,
+                            flushed: Durable::Unknown,
                             later: Vec::new(),
                         };
                     }
@@ -666,7 +812,7 @@ impl Run {
                         if self.unreadable && self.injected_since_last_look() =>
                     {
                         self.models[volume][block] = BlockModel {
-                            flushed: None,
+                            flushed: Durable::Unknown,
                             later: Vec::new(),
                         };
                     }
@@ -695,7 +841,11 @@ impl Run {
                 match result {
                     Ok(()) => {
                         let found = tag_of(&buffer);
-                        if found.is_none() || (expected.is_some() && found != expected) {
+                        let fine = match &expected {
+                            Durable::Unknown => found.is_some(),
+                            _ => BlockModel::reads_as(&expected, &buffer),
+                        };
+                        if !fine {
                             return Err(self.fail(format!(
                                 "v{volume} block {block} reads {found:?}, expected {expected:?}"
                             )));

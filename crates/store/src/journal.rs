@@ -35,6 +35,20 @@ pub enum RecordKind {
     /// is [`SNAPSHOT_PAYLOAD_BYTES`]: snapshot id, creation time and the
     /// volume's size (u64 each), then zeros.
     Snapshot = 5,
+    /// A write whose data went in place straight from the request (format
+    /// 3): the payload is one u32 physical chunk per chunk the blocks span,
+    /// then one u32 crc32c per block, as a redirect's. See `active_set`.
+    Checksums = 6,
+}
+
+/// Chunks that `block_count` blocks from `first_block` span.
+pub fn chunks_spanned(first_block: u64, block_count: u64) -> u64 {
+    (first_block + block_count).div_ceil(BLOCKS_PER_CHUNK) - first_block / BLOCKS_PER_CHUNK
+}
+
+/// A checksum record's payload bytes.
+pub fn checksums_payload_bytes(first_block: u64, block_count: u64) -> u64 {
+    chunks_spanned(first_block, block_count) * 4 + block_count * 4
 }
 
 pub const SNAPSHOT_PAYLOAD_BYTES: u64 = 64;
@@ -63,6 +77,7 @@ impl RecordKind {
             3 => Some(RecordKind::Pad),
             4 => Some(RecordKind::Redirect),
             5 => Some(RecordKind::Snapshot),
+            6 => Some(RecordKind::Checksums),
             _ => None,
         }
     }
@@ -88,6 +103,7 @@ impl RecordHeader {
             RecordKind::Write => self.block_count * BLOCK_BYTES,
             RecordKind::Redirect => redirect_payload_bytes(self.block_count),
             RecordKind::Snapshot => SNAPSHOT_PAYLOAD_BYTES,
+            RecordKind::Checksums => checksums_payload_bytes(self.first_block, self.block_count),
             RecordKind::Zero | RecordKind::Pad => 0,
         }
     }
@@ -143,7 +159,7 @@ impl RecordHeader {
         };
         let too_long = header.block_count * BLOCK_BYTES > RECORD_MAX_DATA_BYTES;
         match header.kind {
-            RecordKind::Write if too_long => return None,
+            RecordKind::Write | RecordKind::Checksums if too_long => return None,
             RecordKind::Redirect
                 if too_long || !header.block_count.is_multiple_of(BLOCKS_PER_CHUNK) =>
             {
@@ -171,11 +187,16 @@ pub fn encode_redirect_payload(fresh_chunks: &[u32], block_crcs: &[u32]) -> Vec<
 
 /// Splits a redirect payload back into chunks and block crcs.
 pub fn decode_redirect_payload(payload: &[u8], block_count: u64) -> (Vec<u32>, Vec<u32>) {
+    decode_chunks_and_crcs(payload, block_count / BLOCKS_PER_CHUNK)
+}
+
+/// Splits a payload of `chunk_count` u32 chunks then u32 crcs.
+pub fn decode_chunks_and_crcs(payload: &[u8], chunk_count: u64) -> (Vec<u32>, Vec<u32>) {
     let values: Vec<u32> = payload
         .chunks_exact(4)
         .map(|four| u32::from_le_bytes(four.try_into().expect("4 bytes")))
         .collect();
-    let chunk_count = (block_count / BLOCKS_PER_CHUNK) as usize;
+    let chunk_count = chunk_count as usize;
     (
         values[..chunk_count].to_vec(),
         values[chunk_count..].to_vec(),

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! 0                      superblock (4 KiB)
+//! active_set_offset      the active set: two 4 KiB slots (version 3)
 //! journal_offset         journal ring (journal_bytes)
 //! checksum_offset        crc32c of every data block, 4 bytes each, indexed by
 //!                        physical block number (checksum_bytes)
@@ -14,9 +15,17 @@ use std::path::Path;
 
 pub const SUPERBLOCK_BYTES: u64 = 4096;
 pub const MAGIC: &[u8; 8] = b"TRIREME1";
+/// 3: small overwrites written once (the active set, carved from the
+/// first 8 KiB of version 2's journal; checksum records, journal kind 6).
 /// 2: snapshots (journal record kind 5, birth epochs, saved maps and
-/// reference counts in the metadata). Pools of version 1 are refused.
-pub const FORMAT_VERSION: u32 = 2;
+/// reference counts in the metadata). Pools of version 2 are upgraded when
+/// opened; version 1 is refused.
+pub const FORMAT_VERSION: u32 = 3;
+/// The oldest version this trireme opens (and upgrades).
+pub const FORMAT_VERSION_UPGRADABLE: u32 = 2;
+/// The active set's two slots (see `active_set`), at the start of what
+/// version 2 had as its journal.
+pub const ACTIVE_SET_BYTES: u64 = 8192;
 
 /// Allocation and copy-on-write unit. 64 KiB: a 4 KiB write to a shared
 /// chunk copies 16x its size (not 256x as 1 MiB would), TRIM of 64 KiB
@@ -35,6 +44,8 @@ pub const POOL_MIN_BYTES: u64 = 16 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Layout {
     pub device_bytes: u64,
+    /// 0 in a version 2 layout (no active set).
+    pub active_set_bytes: u64,
     pub journal_offset: u64,
     pub journal_bytes: u64,
     pub checksum_offset: u64,
@@ -51,6 +62,15 @@ impl Layout {
     /// Cuts a device of `device_bytes` into regions: a journal of 1/16 of
     /// the device (4 MiB to 256 MiB), checksums for every chunk, the rest data.
     pub fn compute(device_bytes: u64) -> Result<Layout, StoreError> {
+        Layout::compute_version(device_bytes, FORMAT_VERSION)
+    }
+
+    /// The layout of format `version` (2 or 3): version 3 is version 2
+    /// with the active set in the first 8 KiB of its journal, so a version
+    /// 2 pool becomes one of version 3 by rewriting those 8 KiB and the
+    /// superblock, once its journal is empty.
+    pub fn compute_version(device_bytes: u64, version: u32) -> Result<Layout, StoreError> {
+        let active_set_bytes = if version >= 3 { ACTIVE_SET_BYTES } else { 0 };
         if device_bytes < POOL_MIN_BYTES {
             return Err(StoreError::PoolTooSmall {
                 size_bytes: device_bytes,
@@ -59,8 +79,9 @@ impl Layout {
         }
         let journal_bytes = (device_bytes / 16 / BLOCK_BYTES * BLOCK_BYTES)
             .clamp(JOURNAL_MIN_BYTES, JOURNAL_MAX_BYTES);
-        let journal_offset = SUPERBLOCK_BYTES;
-        let checksum_offset = journal_offset + journal_bytes;
+        let checksum_offset = SUPERBLOCK_BYTES + journal_bytes;
+        let journal_offset = SUPERBLOCK_BYTES + active_set_bytes;
+        let journal_bytes = journal_bytes - active_set_bytes;
         // Each chunk costs its data plus 4 bytes per block of checksums.
         let remaining = device_bytes - checksum_offset;
         let per_chunk = CHUNK_BYTES + BLOCKS_PER_CHUNK * 4;
@@ -71,6 +92,7 @@ impl Layout {
             if data_offset + chunk_count * CHUNK_BYTES <= device_bytes {
                 let layout = Layout {
                     device_bytes,
+                    active_set_bytes,
                     journal_offset,
                     journal_bytes,
                     checksum_offset,
@@ -86,10 +108,10 @@ impl Layout {
     }
 
     pub fn validate(&self) {
-        assert!(self.journal_offset >= SUPERBLOCK_BYTES);
+        assert!(self.journal_offset >= SUPERBLOCK_BYTES + self.active_set_bytes);
         assert!(
             self.journal_bytes.is_multiple_of(BLOCK_BYTES)
-                && self.journal_bytes >= JOURNAL_MIN_BYTES
+                && self.journal_bytes + self.active_set_bytes >= JOURNAL_MIN_BYTES
         );
         assert!(self.checksum_offset >= self.journal_offset + self.journal_bytes);
         assert!(self.checksum_bytes >= self.chunk_count * BLOCKS_PER_CHUNK * 4);
@@ -110,6 +132,19 @@ impl Layout {
     pub fn data_block_offset(&self, physical_block: u64) -> u64 {
         self.data_offset + physical_block * BLOCK_BYTES
     }
+
+    /// Where the active set's slots start; `None` in a version 2 layout.
+    pub fn active_set_offset(&self) -> Option<u64> {
+        (self.active_set_bytes > 0).then_some(SUPERBLOCK_BYTES)
+    }
+
+    pub fn version(&self) -> u32 {
+        if self.active_set_bytes > 0 {
+            3
+        } else {
+            2
+        }
+    }
 }
 
 /// The first 4 KiB of a pool device. Written once at creation; a pool is
@@ -124,13 +159,13 @@ impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         let mut block = vec![0u8; SUPERBLOCK_BYTES as usize];
         block[0..8].copy_from_slice(MAGIC);
-        block[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        block[8..12].copy_from_slice(&self.layout.version().to_le_bytes());
         // 12..16: crc32c of the whole block with these four bytes zero.
         block[16..32].copy_from_slice(&self.pool_uuid.to_le_bytes());
         block[32..36].copy_from_slice(&(CHUNK_BYTES as u32).to_le_bytes());
         block[36..40].copy_from_slice(&(BLOCK_BYTES as u32).to_le_bytes());
         let layout = &self.layout;
-        let fields = [
+        let mut fields = vec![
             layout.device_bytes,
             layout.journal_offset,
             layout.journal_bytes,
@@ -139,6 +174,10 @@ impl Superblock {
             layout.data_offset,
             layout.chunk_count,
         ];
+        if layout.active_set_bytes > 0 {
+            fields.push(SUPERBLOCK_BYTES);
+            fields.push(layout.active_set_bytes);
+        }
         for (index, value) in fields.iter().enumerate() {
             let start = 40 + index * 8;
             block[start..start + 8].copy_from_slice(&value.to_le_bytes());
@@ -164,7 +203,7 @@ impl Superblock {
         let u64_at =
             |start: usize| u64::from_le_bytes(block[start..start + 8].try_into().expect("8 bytes"));
         let version = u32_at(8);
-        if version != FORMAT_VERSION {
+        if !(FORMAT_VERSION_UPGRADABLE..=FORMAT_VERSION).contains(&version) {
             return Err(StoreError::UnsupportedVersion {
                 path: path.to_path_buf(),
                 found: version,
@@ -181,8 +220,17 @@ impl Superblock {
             return Err(not_a_pool("unsupported chunk or block size"));
         }
         let pool_uuid = u128::from_le_bytes(block[16..32].try_into().expect("16 bytes"));
+        let active_set_bytes = if version >= 3 {
+            if u64_at(96) != SUPERBLOCK_BYTES {
+                return Err(not_a_pool("superblock layout is inconsistent"));
+            }
+            u64_at(104)
+        } else {
+            0
+        };
         let layout = Layout {
             device_bytes: u64_at(40),
+            active_set_bytes,
             journal_offset: u64_at(48),
             journal_bytes: u64_at(56),
             checksum_offset: u64_at(64),
@@ -190,7 +238,7 @@ impl Superblock {
             data_offset: u64_at(80),
             chunk_count: u64_at(88),
         };
-        if layout != Layout::compute(layout.device_bytes)? {
+        if layout != Layout::compute_version(layout.device_bytes, version)? {
             return Err(not_a_pool("superblock layout is inconsistent"));
         }
         Ok(Superblock { pool_uuid, layout })
@@ -224,6 +272,22 @@ mod tests {
     }
 
     #[test]
+    fn version_3_is_version_2_with_the_active_set_cut_from_the_journal() {
+        for size in [POOL_MIN_BYTES, 1 << 30, 64 << 30] {
+            let (old, new) = (
+                Layout::compute_version(size, 2).unwrap(),
+                Layout::compute(size).unwrap(),
+            );
+            assert_eq!(new.journal_offset, old.journal_offset + ACTIVE_SET_BYTES);
+            assert_eq!(new.journal_bytes + ACTIVE_SET_BYTES, old.journal_bytes);
+            assert_eq!(
+                (new.checksum_offset, new.data_offset, new.chunk_count),
+                (old.checksum_offset, old.data_offset, old.chunk_count)
+            );
+        }
+    }
+
+    #[test]
     fn superblock_round_trips_and_detects_damage() {
         let superblock = Superblock {
             pool_uuid: 0x1234_5678_9abc_def0_1122_3344_5566_7788,
@@ -232,6 +296,11 @@ mod tests {
         let mut bytes = superblock.encode();
         let path = Path::new("/dev/test");
         assert_eq!(Superblock::decode(path, &bytes).unwrap(), superblock);
+        let old = Superblock {
+            layout: Layout::compute_version(1 << 30, 2).unwrap(),
+            ..superblock.clone()
+        };
+        assert_eq!(Superblock::decode(path, &old.encode()).unwrap(), old);
         bytes[100] ^= 1;
         assert!(matches!(
             Superblock::decode(path, &bytes),

@@ -16,6 +16,7 @@
 //!   through, and [`FileDisk`], the real one.
 //! - `probe`: what a path holds, and who uses it, before a pool is made there.
 //! - `journal`: the on-disk record format.
+//! - [`active_set`]: the regions where small overwrites go in place once.
 //! - `record`, `overlay`: records in memory, and which blocks they cover.
 //! - `metadata`: redb tables (pool, volumes, chunk maps, checkpoint).
 //! - `chunk_map`: in-memory chunk maps and the free-chunk allocator.
@@ -25,6 +26,7 @@
 //! - [`volume`]: [`Volume`], a [`trireme_types::BlockTarget`] for one volume,
 //!   and [`SnapshotView`], a read-only one for a snapshot.
 
+pub mod active_set;
 mod checksums;
 mod chunk_map;
 mod device;
@@ -41,7 +43,9 @@ mod record;
 pub mod volume;
 
 pub use disk::{Disk, FileDisk};
-pub use engine::{Background, Step};
+#[cfg(feature = "bug-switches")]
+pub use engine::BugSwitches;
+pub use engine::{Background, EngineOptions as PoolOptions, Step};
 pub use error::StoreError;
 pub use pool::{
     JournalStats, Pool, PoolConfig, PoolInfo, PoolOnDisk, ScanReport, SnapshotInfo, VolumeInfo,

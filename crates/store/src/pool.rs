@@ -8,9 +8,10 @@ use crate::device::{
 use crate::disk::{Disk, FileDisk};
 use crate::engine::View;
 use crate::engine::{
-    open_engine, run_applier, run_journal_writer, Background, Engine, Step, VolumeState,
+    open_engine, run_applier, run_journal_writer, Background, Engine, EngineOptions, Step,
+    VolumeState,
 };
-use crate::layout::{Layout, Superblock, CHUNK_BYTES, SUPERBLOCK_BYTES};
+use crate::layout::{Layout, Superblock, CHUNK_BYTES, FORMAT_VERSION, SUPERBLOCK_BYTES};
 use crate::metadata::{Metadata, PoolRecord, SnapshotRecord, VolumeRecord};
 use crate::volume::SnapshotView;
 use crate::{StoreError, Volume};
@@ -240,7 +241,14 @@ impl Pool {
                 metadata: metadata_path.to_path_buf(),
             });
         }
-        Pool::start(disk, superblock, metadata, loaded, Background::Threads)
+        Pool::start(
+            disk,
+            superblock,
+            metadata,
+            loaded,
+            EngineOptions::new(Background::Threads),
+            true,
+        )
     }
 
     /// Makes a pool on `disk` (of any kind; the simulator's) with its
@@ -253,10 +261,42 @@ impl Pool {
         config: PoolOnDisk,
         background: Background,
     ) -> Result<Arc<Pool>, StoreError> {
+        Pool::create_on_with(
+            disk,
+            metadata,
+            label,
+            config,
+            EngineOptions::new(background),
+        )
+    }
+
+    /// [`Pool::create_on`] with the engine's options (the simulator's bug
+    /// switches).
+    pub fn create_on_with(
+        disk: Arc<dyn Disk>,
+        metadata: impl redb::StorageBackend,
+        label: &Path,
+        config: PoolOnDisk,
+        options: EngineOptions,
+    ) -> Result<Arc<Pool>, StoreError> {
+        Pool::create_on_version(disk, metadata, label, config, options, FORMAT_VERSION)
+    }
+
+    /// [`Pool::create_on_with`] in an older format `version` (2): what an
+    /// earlier trireme made, for the tests of the upgrade.
+    #[doc(hidden)]
+    pub fn create_on_version(
+        disk: Arc<dyn Disk>,
+        metadata: impl redb::StorageBackend,
+        label: &Path,
+        config: PoolOnDisk,
+        options: EngineOptions,
+        version: u32,
+    ) -> Result<Arc<Pool>, StoreError> {
         let device_bytes = disk
             .size()
             .map_err(|error| StoreError::io("sizing the pool device", error))?;
-        let layout = Layout::compute(device_bytes)?;
+        let layout = Layout::compute_version(device_bytes, version)?;
         let superblock = Superblock {
             pool_uuid: config.uuid,
             layout,
@@ -276,7 +316,8 @@ impl Pool {
             .and_then(|()| disk.sync_data())
             .map_err(|error| StoreError::io("writing the superblock", error))?;
         let loaded = metadata.load()?;
-        Pool::start(disk, superblock, metadata, loaded, background)
+        // A pool made in an older format stays in it until it is opened.
+        Pool::start(disk, superblock, metadata, loaded, options, false)
     }
 
     /// Opens the pool on `disk` with its metadata on `metadata`: replays
@@ -287,6 +328,16 @@ impl Pool {
         label: &Path,
         background: Background,
     ) -> Result<Arc<Pool>, StoreError> {
+        Pool::open_on_with(disk, metadata, label, EngineOptions::new(background))
+    }
+
+    /// [`Pool::open_on`] with the engine's options.
+    pub fn open_on_with(
+        disk: Arc<dyn Disk>,
+        metadata: impl redb::StorageBackend,
+        label: &Path,
+        options: EngineOptions,
+    ) -> Result<Arc<Pool>, StoreError> {
         let superblock = read_superblock(&*disk, label)?;
         let (metadata, loaded) = Metadata::open_on(metadata, label)?;
         if loaded.pool.uuid != superblock.pool_uuid {
@@ -295,7 +346,7 @@ impl Pool {
                 metadata: label.to_path_buf(),
             });
         }
-        Pool::start(disk, superblock, metadata, loaded, background)
+        Pool::start(disk, superblock, metadata, loaded, options, true)
     }
 
     /// Replays the journal and starts the background work.
@@ -304,8 +355,10 @@ impl Pool {
         superblock: Superblock,
         metadata: Metadata,
         loaded: crate::metadata::Loaded,
-        background: Background,
+        options: EngineOptions,
+        upgrade: bool,
     ) -> Result<Arc<Pool>, StoreError> {
+        let background = options.background;
         let record = loaded.pool.clone();
         let actual_bytes = disk
             .size()
@@ -320,7 +373,10 @@ impl Pool {
             });
         }
         let salt = (superblock.pool_uuid as u64) ^ ((superblock.pool_uuid >> 64) as u64);
-        let engine = open_engine(disk, background, superblock.layout, salt, metadata, loaded)?;
+        let mut engine = open_engine(disk, options, superblock.layout, salt, metadata, loaded)?;
+        if upgrade && superblock.layout.version() < FORMAT_VERSION {
+            engine = upgrade_to_current(engine, &superblock)?;
+        }
         let mut threads = Vec::new();
         if background == Background::Threads {
             for (role, body) in [
@@ -353,6 +409,20 @@ impl Pool {
             ));
         }
         self.engine.step(step)
+    }
+
+    /// Regions of the data area (`active_set::REGION_BYTES` each, from
+    /// the data offset) that a crash now could leave in the durable active
+    /// set: replay takes the checksums of their written blocks from their
+    /// data, so corruption injected there is adopted, not detected.
+    pub fn regions_maybe_active(&self) -> std::collections::BTreeSet<u32> {
+        self.engine.regions_maybe_active()
+    }
+
+    /// Writes admitted in this session that went in place once, with a
+    /// checksum record.
+    pub fn direct_writes(&self) -> u64 {
+        self.engine.lock().direct_writes
     }
 
     pub fn name(&self) -> &PoolName {
@@ -834,6 +904,48 @@ impl Pool {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// Makes a version 2 pool one of version 3, right after its replay and
+/// checkpoint (the journal is empty, and no I/O was accepted): zeroes the
+/// first 8 KiB of the old journal, which become the active set's two
+/// slots (neither valid: every region counts until the first slot is
+/// written), flushes, then writes the new superblock and flushes. A crash
+/// before the superblock leaves a version 2 pool with an empty journal
+/// (its next record would be in the new geometry's epoch anyway); after
+/// it, a version 3 one. Old records left in the journal never replay:
+/// their epochs are older than the checkpoint's.
+fn upgrade_to_current(
+    engine: Arc<Engine>,
+    superblock: &Superblock,
+) -> Result<Arc<Engine>, StoreError> {
+    let layout = Layout::compute(superblock.layout.device_bytes)?;
+    let engine = Arc::try_unwrap(engine)
+        .map_err(|_| StoreError::Fatal("the pool is in use while it is upgraded".into()))?;
+    {
+        let state = engine.lock();
+        assert!(
+            state.unapplied.is_empty() && state.tail == state.head,
+            "a pool is upgraded with an empty journal"
+        );
+    }
+    let disk = engine.disk.clone();
+    let offset = layout
+        .active_set_offset()
+        .expect("version 3 has an active set");
+    let new_superblock = Superblock {
+        pool_uuid: superblock.pool_uuid,
+        layout,
+    };
+    disk.write_at(&vec![0u8; layout.active_set_bytes as usize], offset)
+        .and_then(|()| disk.sync_data())
+        .and_then(|()| disk.write_at(&new_superblock.encode(), 0))
+        .and_then(|()| disk.sync_data())
+        .map_err(|error| StoreError::io("upgrading the pool to format version 3", error))?;
+    tracing::info!(pool = %engine.pool_name, "pool upgraded from format version 2 to 3");
+    let engine = Arc::new(Engine { layout, ..engine });
+    engine.reset_active_set(0)?;
+    Ok(engine)
 }
 
 /// The superblock at the start of `disk`; `path` names it in errors.

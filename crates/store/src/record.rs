@@ -16,6 +16,12 @@ pub enum RecordBody {
         data: Arc<BlockBuf>,
         block_crcs: Vec<u32>,
         fresh_chunks: Vec<u32>,
+        /// Not empty: the data goes in place straight from `data`
+        /// (`O_DIRECT`), to these physical chunks (one per chunk the
+        /// blocks span, all mapped and not shared when admitted), and the
+        /// journal gets only a checksum record (kind `Checksums`). `data`
+        /// of one replayed from the journal is empty.
+        direct: Vec<u32>,
     },
     Zero,
     Pad,
@@ -76,6 +82,7 @@ impl Record {
             RecordBody::Write { fresh_chunks, .. } if !fresh_chunks.is_empty() => {
                 RecordKind::Redirect
             }
+            RecordBody::Write { direct, .. } if !direct.is_empty() => RecordKind::Checksums,
             RecordBody::Write { .. } => RecordKind::Write,
             RecordBody::Zero => RecordKind::Zero,
             RecordBody::Pad => RecordKind::Pad,
@@ -92,6 +99,11 @@ impl Record {
             } if !fresh_chunks.is_empty() => crc32c::crc32c(
                 &crate::journal::encode_redirect_payload(fresh_chunks, block_crcs),
             ),
+            RecordBody::Write {
+                block_crcs, direct, ..
+            } if !direct.is_empty() => {
+                crc32c::crc32c(&crate::journal::encode_redirect_payload(direct, block_crcs))
+            }
             RecordBody::Write { block_crcs, .. } => crate::journal::data_crc(block_crcs),
             RecordBody::Snapshot { .. } => crc32c::crc32c(&self.snapshot_payload()),
             _ => 0,
@@ -126,6 +138,11 @@ impl Record {
 
     pub fn is_redirect(&self) -> bool {
         matches!(&self.body, RecordBody::Write { fresh_chunks, .. } if !fresh_chunks.is_empty())
+    }
+
+    /// A write whose data goes in place from the request (see `direct`).
+    pub fn is_direct(&self) -> bool {
+        matches!(&self.body, RecordBody::Write { direct, .. } if !direct.is_empty())
     }
 
     pub fn data_bytes(&self) -> u64 {

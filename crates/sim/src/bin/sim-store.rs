@@ -1,8 +1,11 @@
 //! Runs the store simulator over many seeds and prints failures.
 //!
 //! ```text
-//! cargo run -p trireme-sim --release --bin sim-store -- --seeds 1000 [--start S] [--seed N] [--steps K] [--threads T] [--twice] [--trace]
+//! cargo run -p trireme-sim --release --bin sim-store -- --seeds 1000 [--start S] [--seed N] [--steps K] [--threads T] [--twice] [--trace] [--bug NAME]
 //! ```
+//!
+//! `--bug NAME` turns on one of the store's bug switches
+//! (`trireme_sim::store::BUG_NAMES`): the run should then fail.
 //!
 //! Each seed draws its own run (`StoreSimConfig::for_seed`): volumes,
 //! crash and bit-flip rates, snapshots, injected EIO. `--seed N` runs that
@@ -25,6 +28,7 @@ struct Args {
     threads: usize,
     twice: bool,
     trace: bool,
+    bugs: trireme_store::BugSwitches,
 }
 
 fn parse() -> Result<Args, String> {
@@ -35,6 +39,7 @@ fn parse() -> Result<Args, String> {
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         twice: false,
         trace: false,
+        bugs: Default::default(),
     };
     let mut words = std::env::args().skip(1);
     while let Some(word) = words.next() {
@@ -54,8 +59,12 @@ fn parse() -> Result<Args, String> {
             "--threads" => args.threads = (value("--threads")? as usize).max(1),
             "--twice" => args.twice = true,
             "--trace" => args.trace = true,
+            "--bug" => {
+                let name = words.next().ok_or("--bug needs a name")?;
+                trireme_sim::store::switch_on(&mut args.bugs, &name)?;
+            }
             "--help" | "-h" => {
-                return Err("usage: sim-store [--seeds N] [--start S] [--seed N] [--steps K] [--threads T] [--twice] [--trace]".into())
+                return Err("usage: sim-store [--seeds N] [--start S] [--seed N] [--steps K] [--threads T] [--twice] [--trace] [--bug NAME]".into())
             }
             other => return Err(format!("unknown argument {other}; see --help")),
         }
@@ -81,6 +90,8 @@ fn main() -> ExitCode {
     let done = AtomicU64::new(0);
     let crashes = AtomicU64::new(0);
     let checked = AtomicU64::new(0);
+    let direct = AtomicU64::new(0);
+    let torn = AtomicU64::new(0);
     std::thread::scope(|scope| {
         for _ in 0..args.threads {
             scope.spawn(|| loop {
@@ -93,6 +104,7 @@ fn main() -> ExitCode {
                     config.steps = steps;
                 }
                 config.trace = args.trace;
+                config.bugs = args.bugs;
                 let mut outcome = run_store_sim(seed, config.clone());
                 if args.twice {
                     if let Ok(first) = &outcome {
@@ -115,6 +127,8 @@ fn main() -> ExitCode {
                     Ok(report) => {
                         crashes.fetch_add(report.crashes, Ordering::Relaxed);
                         checked.fetch_add(report.blocks_checked, Ordering::Relaxed);
+                        direct.fetch_add(report.direct_writes, Ordering::Relaxed);
+                        torn.fetch_add(report.torn_blocks, Ordering::Relaxed);
                         if args.trace {
                             println!("{report:#?}");
                         }
@@ -124,6 +138,9 @@ fn main() -> ExitCode {
                         let mut replay = format!(
                             "cargo run -p trireme-sim --release --bin sim-store -- --seed {seed} --trace"
                         );
+                        for name in trireme_sim::store::switched_on(&args.bugs) {
+                            replay.push_str(&format!(" --bug {name}"));
+                        }
                         if let Some(steps) = args.steps {
                             replay.push_str(&format!(" --steps {steps}"));
                         }
@@ -146,13 +163,15 @@ fn main() -> ExitCode {
     failures.sort_unstable();
     let seconds = started.elapsed().as_secs_f64();
     println!(
-        "{} seeds from {} in {seconds:.1} s ({:.0} seeds per minute on {} threads; {} crashes, {} blocks checked): {} failed {:?}",
+        "{} seeds from {} in {seconds:.1} s ({:.0} seeds per minute on {} threads; {} crashes, {} blocks checked, {} direct writes, {} torn blocks after crashes): {} failed {:?}",
         args.seeds,
         args.start,
         args.seeds as f64 * 60.0 / seconds.max(0.001),
         args.threads,
         crashes.load(Ordering::Relaxed),
         checked.load(Ordering::Relaxed),
+        direct.load(Ordering::Relaxed),
+        torn.load(Ordering::Relaxed),
         failures.len(),
         failures
     );

@@ -12,7 +12,7 @@
 //!    A crash anywhere replays from the previous checkpoint, which redoes
 //!    every step above idempotently.
 
-use super::{Engine, SnapshotState, State};
+use super::{bug, Engine, SnapshotState, State};
 use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
 use crate::chunk_map::ChunkEntry;
 use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES, CHUNK_BYTES};
@@ -307,11 +307,12 @@ impl Engine {
                 // flushes before it commits what they changed. Anything
                 // else (a pad at the end of a lap too) waits to be durable.
                 let target = state.written_sequence;
-                let needs_flush = state.unapplied.iter().any(|record| {
-                    record.sequence > state.durable_sequence
-                        && record.sequence <= target
-                        && !record.is_redirect()
-                });
+                let needs_flush = !bug!(self, apply_before_durable)
+                    && state.unapplied.iter().any(|record| {
+                        record.sequence > state.durable_sequence
+                            && record.sequence <= target
+                            && !record.is_redirect()
+                    });
                 (target, needs_flush)
             }
         };
@@ -344,8 +345,13 @@ impl Engine {
             let mut state = self.lock();
             let mut batch = Vec::new();
             let mut bytes = 0;
+            let durable = if bug!(self, apply_before_durable) {
+                state.written_sequence
+            } else {
+                state.durable_sequence
+            };
             for record in state.unapplied.iter() {
-                let ready = record.sequence <= state.durable_sequence
+                let ready = record.sequence <= durable
                     || (record.is_redirect() && record.sequence <= state.written_sequence);
                 if !ready || (bytes >= APPLY_BATCH_MAX_BYTES && !batch.is_empty()) {
                     break;
@@ -370,7 +376,7 @@ impl Engine {
                     "journal sequences apply contiguously"
                 );
                 assert!(
-                    record.sequence <= state.durable_sequence
+                    record.sequence <= durable
                         || (record.is_redirect() && record.sequence <= state.written_sequence),
                     "record {} applied before it is durable (durable up to {})",
                     record.sequence,
@@ -510,7 +516,9 @@ impl Engine {
             } if !fresh_chunks.is_empty() => {
                 self.apply_redirect(state, record, block_crcs, fresh_chunks)?;
             }
-            RecordBody::Write { block_crcs, .. } => {
+            RecordBody::Write {
+                block_crcs, direct, ..
+            } => {
                 let first_chunk = record.first_block / BLOCKS_PER_CHUNK;
                 let end_chunk = record.end_block().div_ceil(BLOCKS_PER_CHUNK);
                 for chunk in first_chunk..end_chunk {
@@ -520,6 +528,25 @@ impl Engine {
                     let mask = block_mask(from - chunk_first, to - chunk_first);
                     let volume_state = &state.volumes[&record.volume];
                     let birth = volume_state.record.epoch;
+                    if !direct.is_empty() {
+                        // Its data is in place already (written before the
+                        // record); admission chose the chunk, and nothing
+                        // applied since can have remapped it.
+                        let expected = direct[(chunk - first_chunk) as usize];
+                        match volume_state.map.get(chunk) {
+                            Some(entry)
+                                if entry.physical == expected
+                                    && !state.is_shared(volume_state, entry) => {}
+                            other => {
+                                return Err(format!(
+                                    "direct write {} went to physical chunk {expected}, but volume {} chunk {chunk} maps to {:?}",
+                                    record.sequence,
+                                    record.volume,
+                                    other.map(|entry| entry.physical)
+                                ))
+                            }
+                        }
+                    }
                     let mut entry = match volume_state.map.get(chunk) {
                         Some(entry) if !state.is_shared(volume_state, entry) => entry,
                         existing => {
@@ -556,6 +583,10 @@ impl Engine {
                             .checksums
                             .set(&*self.disk, &self.layout, physical_block, block_crcs[index])
                             .map_err(|error| format!("loading checksums failed: {error}"))?;
+                        if !direct.is_empty() {
+                            continue;
+                        }
+                        state.replayed_in_place.insert(entry.physical);
                         let device_offset = self.layout.data_block_offset(physical_block);
                         match writes.last_mut() {
                             Some(last)
@@ -635,6 +666,7 @@ impl Engine {
         entry: ChunkEntry,
         copies: &mut Vec<CopyBlocks>,
     ) -> Result<(), String> {
+        state.replayed_in_place.insert(entry.physical);
         let earlier = state.copying.insert(entry.physical, from_physical);
         assert!(earlier.is_none(), "a chunk is copied into once per pass");
         for bit in 0..BLOCKS_PER_CHUNK {
@@ -824,8 +856,12 @@ impl Engine {
         state.tail = checkpoint.position;
         state.checksums.mark_clean(&pages);
         state.fresh_since_checkpoint.clear();
+        state.replayed_in_place.clear();
         state.validate(self.layout.journal_bytes);
         self.changed.notify_all();
+        drop(state);
+        self.retire_regions(checkpoint.next_sequence)?;
+        let state = self.lock();
         if freed == 0 {
             return Ok(());
         }
@@ -908,6 +944,7 @@ mod tests {
                 data: std::sync::Arc::new(BlockBuf::zeroed((blocks * BLOCK_BYTES) as usize)),
                 block_crcs: vec![0; blocks as usize],
                 fresh_chunks: Vec::new(),
+                direct: Vec::new(),
             },
             0,
         ))

@@ -4,7 +4,7 @@
 
 use super::{Engine, State};
 use crate::journal::{encode_redirect_payload, HEADER_BYTES};
-use crate::layout::CHUNK_BYTES;
+use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES, CHUNK_BYTES};
 use crate::record::{Record, RecordBody};
 use std::io::IoSlice;
 use std::sync::{Arc, MutexGuard};
@@ -36,6 +36,12 @@ pub fn run_journal_writer(engine: Arc<Engine>) {
                 .wait(state)
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             state.journal_idle = false;
+            continue;
+        }
+        if !state.activation_wanted.is_empty() {
+            drop(state);
+            engine.activate_wanted();
+            state = engine.lock();
             continue;
         }
         let batch = next_batch(&state);
@@ -83,6 +89,14 @@ impl Engine {
         let unwritten = state.next_sequence - 1 - state.written_sequence;
         if state.failed.is_some() || state.writing || unwritten == 0 {
             return (state, false);
+        }
+        if !state.activation_wanted.is_empty() {
+            drop(state);
+            self.activate_wanted();
+            state = self.lock();
+            if state.failed.is_some() || state.writing {
+                return (state, false);
+            }
         }
         let batch = next_batch(&state);
         state.writing = true;
@@ -168,7 +182,10 @@ impl Engine {
             .map(|record| record.header(self.pool_salt, self.epoch).encode())
             .collect();
         let mut payloads = Vec::new();
+        // Fresh chunks of redirects and in-place blocks of direct writes:
+        // written before the records, from the requests' buffers.
         let mut fresh = Vec::new();
+        let mut in_place = Vec::new();
         for record in batch {
             if record.is_snapshot() {
                 payloads.push(record.snapshot_payload());
@@ -178,26 +195,36 @@ impl Engine {
                 data,
                 block_crcs,
                 fresh_chunks,
+                direct,
             } = &record.body
             {
                 if !fresh_chunks.is_empty() {
                     debug_assert_eq!(data.len(), fresh_chunks.len() * CHUNK_BYTES as usize);
                     fresh.extend(fresh_chunks.iter().enumerate().map(|(index, physical)| {
-                        FreshChunk {
-                            physical: *physical,
+                        DirectPiece {
+                            device_offset: self.layout.data_offset + *physical as u64 * CHUNK_BYTES,
                             record: record.clone(),
-                            index,
+                            from: index * CHUNK_BYTES as usize,
+                            bytes: CHUNK_BYTES as usize,
                         }
                     }));
                     let mut payload = encode_redirect_payload(fresh_chunks, block_crcs);
                     // Records are laid out at 64-byte boundaries.
                     payload.resize((record.journal_bytes - HEADER_BYTES) as usize, 0);
                     payloads.push(payload);
+                } else if !direct.is_empty() {
+                    in_place.extend(self.direct_pieces(record, direct));
+                    let mut payload = encode_redirect_payload(direct, block_crcs);
+                    payload.resize((record.journal_bytes - HEADER_BYTES) as usize, 0);
+                    payloads.push(payload);
                 }
             }
         }
+        let split =
+            fresh.len() >= DIRECT_SPLIT_MIN_CHUNKS || in_place.len() >= DIRECT_SPLIT_MIN_PIECES;
+        fresh.extend(drop_superseded_pieces(in_place));
         match helper {
-            Some(helper) if fresh.len() >= DIRECT_SPLIT_MIN_CHUNKS => {
+            Some(helper) if split => {
                 // Several writes in flight: the device takes them in
                 // parallel.
                 let share = fresh.len().div_ceil(helper.jobs.len() + 1);
@@ -237,7 +264,11 @@ impl Engine {
         for (record, header) in batch.iter().zip(&headers) {
             slices.push(IoSlice::new(header));
             match &record.body {
-                RecordBody::Write { fresh_chunks, .. } if !fresh_chunks.is_empty() => {
+                RecordBody::Write {
+                    fresh_chunks,
+                    direct,
+                    ..
+                } if !fresh_chunks.is_empty() || !direct.is_empty() => {
                     slices.push(IoSlice::new(
                         payloads.next().expect("one payload per redirect"),
                     ));
@@ -261,14 +292,17 @@ impl Engine {
     /// the page cache's copy was the largest cost of large writes.
     ///
     /// [`BlockBuf`]: trireme_types::BlockBuf
-    fn write_fresh_chunks(&self, fresh: &[FreshChunk]) -> std::io::Result<()> {
+    fn write_fresh_chunks(&self, fresh: &[DirectPiece]) -> std::io::Result<()> {
         let mut start = 0;
         while start < fresh.len() {
             let mut end = start + 1;
-            while end < fresh.len() && fresh[end].physical == fresh[end - 1].physical + 1 {
+            while end < fresh.len()
+                && fresh[end].device_offset
+                    == fresh[end - 1].device_offset + fresh[end - 1].bytes as u64
+            {
                 end += 1;
             }
-            let offset = self.layout.data_offset + fresh[start].physical as u64 * CHUNK_BYTES;
+            let offset = fresh[start].device_offset;
             let mut slices: Vec<IoSlice> = fresh[start..end]
                 .iter()
                 .map(|fresh| IoSlice::new(fresh.data()))
@@ -280,32 +314,96 @@ impl Engine {
     }
 }
 
-/// A batch with at least this many fresh chunks is shared with the helpers.
+/// A batch with at least this many fresh chunks, or in-place pieces of
+/// direct writes, is shared with the helpers.
 const DIRECT_SPLIT_MIN_CHUNKS: usize = 8;
+const DIRECT_SPLIT_MIN_PIECES: usize = 3;
 /// Threads that write fresh chunks beside the journal writer.
 const DIRECT_HELPERS: usize = 2;
 
-/// One whole chunk of a redirect, bound for fresh chunk `physical`.
-struct FreshChunk {
-    physical: u32,
+/// Data of a record written straight to the device: a whole chunk of a
+/// redirect to its fresh chunk, or a run of blocks of a direct write in
+/// place. Both start at a multiple of 4 KiB in the record's page-aligned
+/// buffer, as `O_DIRECT` needs.
+struct DirectPiece {
+    device_offset: u64,
     record: Arc<Record>,
-    /// Which chunk of the record's data.
-    index: usize,
+    /// Byte range of the record's data.
+    from: usize,
+    bytes: usize,
 }
 
-impl FreshChunk {
+impl DirectPiece {
     fn data(&self) -> &[u8] {
         let RecordBody::Write { data, .. } = &self.record.body else {
-            unreachable!("fresh chunks come from writes")
+            unreachable!("direct pieces come from writes")
         };
-        let chunk = CHUNK_BYTES as usize;
-        &data[self.index * chunk..(self.index + 1) * chunk]
+        &data[self.from..self.from + self.bytes]
     }
+}
+
+impl Engine {
+    /// A direct write's blocks as runs, one per chunk it spans.
+    fn direct_pieces(&self, record: &Arc<Record>, direct: &[u32]) -> Vec<DirectPiece> {
+        let first_chunk = record.first_block / BLOCKS_PER_CHUNK;
+        let mut pieces = Vec::with_capacity(direct.len());
+        for (index, physical) in direct.iter().enumerate() {
+            let chunk_first = (first_chunk + index as u64) * BLOCKS_PER_CHUNK;
+            let from = record.first_block.max(chunk_first);
+            let to = record.end_block().min(chunk_first + BLOCKS_PER_CHUNK);
+            let physical_block = *physical as u64 * BLOCKS_PER_CHUNK + from - chunk_first;
+            pieces.push(DirectPiece {
+                device_offset: self.layout.data_block_offset(physical_block),
+                record: record.clone(),
+                from: ((from - record.first_block) * BLOCK_BYTES) as usize,
+                bytes: ((to - from) * BLOCK_BYTES) as usize,
+            });
+        }
+        pieces
+    }
+}
+
+/// Keeps, of the batch's in-place blocks, only the last write of each
+/// (the pieces may go to the device in parallel, in any order), in runs.
+fn drop_superseded_pieces(pieces: Vec<DirectPiece>) -> Vec<DirectPiece> {
+    let block = BLOCK_BYTES as usize;
+    let mut last_writer = std::collections::HashMap::new();
+    let mut blocks = 0;
+    for (index, piece) in pieces.iter().enumerate() {
+        for at in (0..piece.bytes).step_by(block) {
+            last_writer.insert(piece.device_offset + at as u64, index);
+            blocks += 1;
+        }
+    }
+    if last_writer.len() == blocks {
+        return pieces;
+    }
+    let mut kept = Vec::new();
+    for (index, piece) in pieces.iter().enumerate() {
+        let mut run: Option<usize> = None;
+        for at in (0..=piece.bytes).step_by(block) {
+            let keep = at < piece.bytes && last_writer[&(piece.device_offset + at as u64)] == index;
+            match (keep, run) {
+                (true, None) => run = Some(at),
+                (false, Some(start)) => {
+                    kept.push(DirectPiece {
+                        device_offset: piece.device_offset + start as u64,
+                        record: piece.record.clone(),
+                        from: piece.from + start,
+                        bytes: at - start,
+                    });
+                    run = None;
+                }
+                _ => {}
+            }
+        }
+    }
+    kept
 }
 
 /// A share of a batch's fresh chunks, for a helper to write.
 struct DirectJob {
-    chunks: Vec<FreshChunk>,
+    chunks: Vec<DirectPiece>,
     reply: std::sync::mpsc::SyncSender<std::io::Result<()>>,
 }
 

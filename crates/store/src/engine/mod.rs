@@ -11,6 +11,7 @@
 //! loading a checksum page that is not cached. Device I/O on the hot path
 //! (journal writes, reads of data) happens outside the lock.
 
+mod active;
 mod apply;
 mod journal_writer;
 mod read;
@@ -33,7 +34,7 @@ use crate::layout::Layout;
 use crate::metadata::{Metadata, SnapshotRecord, VolumeRecord};
 use crate::overlay::Overlay;
 use crate::record::Record;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use trireme_types::{PoolName, SnapshotId, TargetError, VolumeId};
@@ -186,6 +187,10 @@ pub struct State {
     /// Chunks filled by redirects applied since the last checkpoint: no
     /// in-place write may touch them before the next one.
     pub fresh_since_checkpoint: HashSet<u32>,
+    /// Chunks that records applied since the last checkpoint wrote in
+    /// place (journaled writes, copy-on-write copies): replay redoes those
+    /// writes, so a direct write there would be overwritten by older data.
+    pub replayed_in_place: HashSet<u32>,
     /// Copies of the apply pass under way: private chunk → the shared chunk
     /// it is being copied from. The maps point at the private chunk (and its
     /// checksums are set) before its data is there, so reads of the copied
@@ -197,6 +202,23 @@ pub struct State {
     pub checkpoint_epoch: u64,
     /// Map entries changed since the last checkpoint.
     pub dirty_chunks: HashSet<(VolumeId, u64)>,
+    /// Regions in the durable active set that direct writes may use (see
+    /// `active_set`): added once the slot naming them is durable, removed
+    /// before the slot without them is written.
+    pub active_regions: BTreeSet<u32>,
+    /// Regions a write found inactive; the journal writer activates them.
+    pub activation_wanted: BTreeSet<u32>,
+    /// Regions that took a direct write since the last checkpoint.
+    pub regions_used: HashSet<u32>,
+    /// The sequence of the last direct write into each active region.
+    pub region_last_direct: HashMap<u32, u64>,
+    /// Direct writes admitted in this session (for tests and the simulator).
+    pub direct_writes: u64,
+    /// Generation of the last active-set slot written.
+    pub active_set_generation: u64,
+    /// The sets of the last two slots written (and the one replay used):
+    /// what a crash now may leave as the durable set.
+    pub recent_active_sets: [BTreeSet<u32>; 3],
     /// Physical chunk → number of map entries (live and saved, of every
     /// volume) pointing at it, for chunks with more than one. A chunk
     /// listed here is never written in place.
@@ -237,6 +259,14 @@ impl State {
             deferred_frees: Vec::new(),
             fresh_since_checkpoint: HashSet::new(),
             copying: HashMap::new(),
+            replayed_in_place: HashSet::new(),
+            active_regions: BTreeSet::new(),
+            activation_wanted: BTreeSet::new(),
+            regions_used: HashSet::new(),
+            region_last_direct: HashMap::new(),
+            direct_writes: 0,
+            active_set_generation: 0,
+            recent_active_sets: Default::default(),
             checkpoint_epoch: 0,
             dirty_chunks: HashSet::new(),
             refcounts: HashMap::new(),
@@ -380,7 +410,63 @@ pub struct Engine {
     pub writeback: Mutex<apply::Writeback>,
     /// Serialises snapshot creation (the duplicate check and the admission).
     pub snapshot_lock: Mutex<()>,
+    /// Serialises writes of the active set, so slots are written in
+    /// generation order, each with the set as it is when written.
+    pub active_set_lock: Mutex<()>,
     pub checksum_errors: AtomicU64,
+    /// Rules broken on purpose, to show the simulator catches it.
+    #[cfg(feature = "bug-switches")]
+    pub bugs: BugSwitches,
+}
+
+/// Switches that each break one rule of the store, for the simulator's
+/// proof that it catches the breakage (issue 22, item 4). Off by default;
+/// compiled only with the `bug-switches` feature, never in production.
+#[cfg(feature = "bug-switches")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BugSwitches {
+    /// FLUSH and FUA are acknowledged once records are in the journal
+    /// file, without the device flush that makes them durable.
+    pub ack_before_durable: bool,
+    /// Reads do not compare data with its checksum.
+    pub skip_read_checksum: bool,
+    /// The applier writes records in place once written, before they are
+    /// durable.
+    pub apply_before_durable: bool,
+    /// Direct writes go in place into regions that are not in the durable
+    /// active set.
+    pub direct_before_active: bool,
+}
+
+/// True if bug switch `$field` is on (always false without the feature).
+macro_rules! bug {
+    ($engine:expr, $field:ident) => {{
+        #[cfg(feature = "bug-switches")]
+        let on = $engine.bugs.$field;
+        #[cfg(not(feature = "bug-switches"))]
+        let on = false;
+        on
+    }};
+}
+pub(crate) use bug;
+
+/// How a pool's engine runs: who does the background work, and (for the
+/// simulator) which rules it breaks on purpose.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineOptions {
+    pub background: Background,
+    #[cfg(feature = "bug-switches")]
+    pub bugs: BugSwitches,
+}
+
+impl EngineOptions {
+    pub fn new(background: Background) -> EngineOptions {
+        EngineOptions {
+            background,
+            #[cfg(feature = "bug-switches")]
+            bugs: BugSwitches::default(),
+        }
+    }
 }
 
 impl Engine {

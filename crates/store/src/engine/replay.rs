@@ -10,13 +10,13 @@
 //! before accepting writes, so leftovers after the end can never be taken for
 //! records later.
 
-use super::Background;
+use super::EngineOptions;
 use super::{Engine, SnapshotState, State, VolumeState};
 use crate::chunk_map::ChunkEntry;
 use crate::disk::Disk;
 use crate::journal::{
-    block_crcs, data_crc, decode_redirect_payload, decode_snapshot_payload, RecordHeader,
-    RecordKind, HEADER_BYTES, SNAPSHOT_PAYLOAD_BYTES,
+    block_crcs, chunks_spanned, data_crc, decode_chunks_and_crcs, decode_redirect_payload,
+    decode_snapshot_payload, RecordHeader, RecordKind, HEADER_BYTES, SNAPSHOT_PAYLOAD_BYTES,
 };
 use crate::layout::Layout;
 use crate::layout::{BLOCKS_PER_CHUNK, CHUNK_BYTES};
@@ -30,7 +30,7 @@ use trireme_types::VolumeId;
 
 pub fn open_engine(
     disk: Arc<dyn Disk>,
-    background: Background,
+    options: EngineOptions,
     layout: Layout,
     pool_salt: u64,
     metadata: Metadata,
@@ -141,7 +141,7 @@ pub fn open_engine(
     let engine = Arc::new(Engine {
         pool_name: loaded.pool.name.clone(),
         disk,
-        background,
+        background: options.background,
         layout,
         pool_salt,
         epoch: checkpoint.epoch + 1,
@@ -156,12 +156,29 @@ pub fn open_engine(
         apply_lock: Mutex::new(()),
         writeback: Mutex::new(Default::default()),
         snapshot_lock: Mutex::new(()),
+        active_set_lock: Mutex::new(()),
         checksum_errors: AtomicU64::new(0),
+        #[cfg(feature = "bug-switches")]
+        bugs: options.bugs,
     });
+    let active_set = engine.load_active_set()?;
     let replayed = engine.replay(checkpoint.epoch)?;
     engine.apply_all(false)?;
+    if let Some(active_set) = &active_set {
+        let regions = active_set.as_ref().map(|(_, regions)| regions.clone());
+        if let Some(regions) = &regions {
+            engine.lock().recent_active_sets = [regions.clone(), regions.clone(), regions.clone()];
+        }
+        let repaired = engine.repair_active_regions(&regions)?;
+        if repaired > 0 {
+            tracing::info!(pool = %engine.pool_name, blocks = repaired, "checksums of blocks written in place since the last checkpoint taken from their data");
+        }
+    }
     engine.lock().checkpoint_epoch = engine.epoch;
     engine.checkpoint()?;
+    if let Some(active_set) = &active_set {
+        engine.reset_active_set(active_set.as_ref().map_or(0, |(generation, _)| *generation))?;
+    }
     if replayed > 0 {
         tracing::info!(pool = %engine.pool_name, records = replayed, "replayed the journal");
     }
@@ -272,6 +289,35 @@ impl Engine {
                             data: std::sync::Arc::new(data),
                             block_crcs: crcs,
                             fresh_chunks: Vec::new(),
+                            direct: Vec::new(),
+                        },
+                        header.journal_bytes(),
+                    )
+                }
+                RecordKind::Checksums
+                    if header.block_count > 0 && header.journal_bytes() <= lap_left =>
+                {
+                    let mut payload = vec![0u8; header.data_bytes() as usize];
+                    self.disk
+                        .read_at(&mut payload, physical + HEADER_BYTES)
+                        .map_err(|error| StoreError::io("reading the journal", error))?;
+                    if crc32c::crc32c(&payload) != header.data_crc {
+                        break;
+                    }
+                    let chunks = chunks_spanned(header.first_block, header.block_count);
+                    let (direct, crcs) = decode_chunks_and_crcs(&payload, chunks);
+                    if direct
+                        .iter()
+                        .any(|physical| *physical as u64 >= self.layout.chunk_count)
+                    {
+                        break;
+                    }
+                    (
+                        RecordBody::Write {
+                            data: Default::default(),
+                            block_crcs: crcs,
+                            fresh_chunks: Vec::new(),
+                            direct,
                         },
                         header.journal_bytes(),
                     )
@@ -296,6 +342,7 @@ impl Engine {
                             data: Default::default(),
                             block_crcs: crcs,
                             fresh_chunks,
+                            direct: Vec::new(),
                         },
                         header.journal_bytes(),
                     )

@@ -4,10 +4,10 @@
 //! device flush that covers them (group commit: one flush serves every
 //! record written before it started).
 
-use super::{Background, Engine, State};
+use super::{bug, Background, Engine, State};
 use crate::journal::{
-    block_crcs, record_journal_bytes, redirect_payload_bytes, RECORD_MAX_DATA_BYTES,
-    SNAPSHOT_PAYLOAD_BYTES,
+    block_crcs, checksums_payload_bytes, record_journal_bytes, redirect_payload_bytes,
+    RECORD_MAX_DATA_BYTES, SNAPSHOT_PAYLOAD_BYTES,
 };
 use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
 use crate::record::{Record, RecordBody};
@@ -57,14 +57,14 @@ impl Engine {
         }
         self.check_range(volume, offset, data.len() as u64)?;
         let last_sequence = if whole_blocks(offset, &data) {
-            self.write_blocks(volume, offset / BLOCK_BYTES, data)?
+            self.write_blocks(volume, offset / BLOCK_BYTES, data, true)?
         } else {
             let _partial = self
                 .partial_block_lock
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             let (first_block, blocks) = self.merge_partial(volume, offset, &data)?;
-            self.write_blocks(volume, first_block, Arc::new(blocks))?
+            self.write_blocks(volume, first_block, Arc::new(blocks), false)?
         };
         if fua {
             self.note_client_flush();
@@ -103,12 +103,15 @@ impl Engine {
         Ok((first_block, blocks))
     }
 
-    /// Writes whole blocks as one or more records; returns the last sequence.
+    /// Writes whole blocks as one or more records; returns the last
+    /// sequence. With `direct_ok`, a record may go in place directly (see
+    /// `direct_chunks`); partial blocks and zeroes take the journal.
     fn write_blocks(
         &self,
         volume: VolumeId,
         first_block: u64,
         data: Arc<BlockBuf>,
+        direct_ok: bool,
     ) -> Result<u64, TargetError> {
         let pieces: Vec<Arc<BlockBuf>> = if data.len() as u64 <= RECORD_MAX_DATA_BYTES {
             vec![data]
@@ -126,8 +129,9 @@ impl Engine {
                 data: piece,
                 block_crcs,
                 fresh_chunks: Vec::new(),
+                direct: Vec::new(),
             };
-            last_sequence = self.append_blocking(volume, block, block_count, body)?;
+            last_sequence = self.append_blocking(volume, block, block_count, body, direct_ok)?;
             block += block_count;
         }
         Ok(last_sequence)
@@ -171,6 +175,7 @@ impl Engine {
                 first_whole,
                 end_whole - first_whole,
                 RecordBody::Zero,
+                false,
             )?;
         }
         if fua {
@@ -196,7 +201,11 @@ impl Engine {
         while done < length {
             let piece = (length - done).min(RECORD_MAX_DATA_BYTES);
             let zeroes = Arc::new(BlockBuf::zeroed(piece as usize));
-            self.write(volume, offset + done, zeroes, false)?;
+            if whole_blocks(offset + done, &zeroes) {
+                self.write_blocks(volume, (offset + done) / BLOCK_BYTES, zeroes, false)?;
+            } else {
+                self.write(volume, offset + done, zeroes, false)?;
+            }
             done += piece;
         }
         if fua {
@@ -243,7 +252,7 @@ impl Engine {
             created_unix_seconds,
             size_bytes,
         };
-        self.append_blocking(volume, 0, 0, body)
+        self.append_blocking(volume, 0, 0, body, false)
     }
 
     fn append_blocking(
@@ -252,8 +261,16 @@ impl Engine {
         first_block: u64,
         block_count: u64,
         body: RecordBody,
+        direct_ok: bool,
     ) -> Result<u64, TargetError> {
-        match self.append(volume, first_block, block_count, body, Admit::Wait)? {
+        match self.append(
+            volume,
+            first_block,
+            block_count,
+            body,
+            Admit::Wait,
+            direct_ok,
+        )? {
             Admission::Admitted(sequence) => Ok(sequence),
             Admission::AdmittedToWrite(_) => unreachable!("only asked for by write_now"),
             Admission::WouldWait(_) => unreachable!("blocking admission waits"),
@@ -299,8 +316,9 @@ impl Engine {
             data,
             block_crcs,
             fresh_chunks: Vec::new(),
+            direct: Vec::new(),
         };
-        self.append(volume, offset / BLOCK_BYTES, block_count, body, admit)
+        self.append(volume, offset / BLOCK_BYTES, block_count, body, admit, true)
     }
 
     /// Writes `record`, the only unwritten one, while this thread holds the
@@ -345,6 +363,7 @@ impl Engine {
         block_count: u64,
         mut body: RecordBody,
         admit: Admit,
+        direct_ok: bool,
     ) -> Result<Admission, TargetError> {
         let data_bytes = match &body {
             RecordBody::Write { data, .. } => data.len() as u64,
@@ -359,7 +378,7 @@ impl Engine {
             && block_count.is_multiple_of(BLOCKS_PER_CHUNK);
         let journal_size = self.layout.journal_bytes;
         let mut state = self.lock();
-        let (redirect, journal_bytes, reserve) = loop {
+        let (redirect, direct, journal_bytes, reserve) = loop {
             state.check_usable()?;
             // Whole chunks go to fresh chunks when there are enough; in a
             // full pool they overwrite in place through the journal instead,
@@ -370,11 +389,6 @@ impl Engine {
                 state.checkpoint_wanted = true;
                 self.applier_wake.notify_all();
             }
-            let journal_bytes = if redirect {
-                record_journal_bytes(redirect_payload_bytes(block_count))
-            } else {
-                record_journal_bytes(payload_bytes)
-            };
             let volume_state = state.live_volume(volume)?;
             let size = volume_state.record.size_bytes;
             if (first_block + block_count) * BLOCK_BYTES > size {
@@ -384,6 +398,19 @@ impl Engine {
                     block_count * BLOCK_BYTES
                 )));
             }
+            let direct = match &body {
+                RecordBody::Write { .. } if direct_ok && !redirect => {
+                    self.direct_chunks(&mut state, volume, first_block, block_count)
+                }
+                _ => None,
+            };
+            let journal_bytes = if redirect {
+                record_journal_bytes(redirect_payload_bytes(block_count))
+            } else if direct.is_some() {
+                record_journal_bytes(checksums_payload_bytes(first_block, block_count))
+            } else {
+                record_journal_bytes(payload_bytes)
+            };
             let lap_left = journal_size - state.head % journal_size;
             let pad = if journal_bytes > lap_left {
                 lap_left
@@ -423,8 +450,20 @@ impl Engine {
                     pool: self.pool_name.to_string(),
                 });
             }
-            break (redirect, journal_bytes, if redirect { 0 } else { needed });
+            break (
+                redirect,
+                direct,
+                journal_bytes,
+                if redirect { 0 } else { needed },
+            );
         };
+        let direct_chunks = direct.unwrap_or_default();
+        if !direct_chunks.is_empty() {
+            let RecordBody::Write { direct, .. } = &mut body else {
+                unreachable!("direct records are writes")
+            };
+            *direct = direct_chunks.clone();
+        }
         if redirect {
             let RecordBody::Write { fresh_chunks, .. } = &mut body else {
                 unreachable!("redirects are writes")
@@ -469,6 +508,12 @@ impl Engine {
         state.next_sequence += 1;
         state.head += journal_bytes;
         state.reserved_chunks += reserve;
+        if !direct_chunks.is_empty() {
+            Engine::note_direct(&mut state, &direct_chunks, sequence);
+        }
+        if !state.activation_wanted.is_empty() && state.journal_idle {
+            self.journal_wake.notify_one();
+        }
         state.unapplied_bytes += data_bytes;
         state.unapplied.push_back(record.clone());
         let volume_state = state.volumes.get_mut(&volume).expect("checked live above");
@@ -543,6 +588,9 @@ impl Engine {
                 return Err(TargetError::Device(format!("pool is offline: {reason}")));
             }
             if state.durable_sequence >= sequence {
+                return Ok(());
+            }
+            if bug!(self, ack_before_durable) && state.written_sequence >= sequence {
                 return Ok(());
             }
             if state.written_sequence < sequence || state.flushing {
