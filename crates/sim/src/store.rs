@@ -238,6 +238,9 @@ struct Run {
     unreadable: bool,
     report: StoreSimReport,
     step: usize,
+    /// Ranges written lately: overwrites of them find their chunks mapped
+    /// (and, after a checkpoint, take the direct path).
+    recent_writes: Vec<(usize, u64, u64)>,
 }
 
 /// Runs one seed; `Err` describes the first broken rule.
@@ -358,6 +361,7 @@ impl Run {
             unreadable: false,
             report: StoreSimReport::default(),
             step: 0,
+            recent_writes: Vec::new(),
         })
     }
 
@@ -477,7 +481,25 @@ impl Run {
     }
 
     fn write(&mut self) -> Result<(), String> {
-        let (volume, first, count) = self.pick_range();
+        let (volume, first, count) = if !self.recent_writes.is_empty() && self.rng.gen_bool(0.4) {
+            let (volume, first, count) =
+                self.recent_writes[self.rng.gen_range(0..self.recent_writes.len())];
+            // Often a part of it: other blocks of the same chunks.
+            let skip = self.rng.gen_range(0..count);
+            let first = (first + skip).min(self.config.volume_blocks - 1);
+            let count = self
+                .rng
+                .gen_range(1..=count - skip)
+                .min(self.config.volume_blocks - first);
+            (volume, first, count)
+        } else {
+            self.pick_range()
+        };
+        if self.recent_writes.len() >= 8 {
+            let index = self.rng.gen_range(0..self.recent_writes.len());
+            self.recent_writes.swap_remove(index);
+        }
+        self.recent_writes.push((volume, first, count));
         let fua = self.rng.gen_bool(0.1);
         let tags: Vec<u64> = (0..count)
             .map(|_| {

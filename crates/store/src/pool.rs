@@ -1037,6 +1037,12 @@ fn compare_stored(memory: &Maps, stored: crate::metadata::Loaded, report: &mut S
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        // Dropped while a panic unwinds (a broken assertion): finishing the
+        // background work could meet the same assertion, and a second
+        // panic aborts the process (the simulator's seed with it).
+        if std::thread::panicking() {
+            return;
+        }
         let _ = self.shutdown();
     }
 }

@@ -126,6 +126,8 @@ impl Engine {
         let mut state = self.lock();
         match result {
             Ok(()) => {
+                // Durable: nothing older can come back.
+                state.recent_active_sets = [set.clone(), set.clone(), set];
                 // Counted as used: a region is not retired at the first
                 // checkpoint after its activation, before writes came.
                 state.regions_used.extend(&wanted);
@@ -182,20 +184,27 @@ impl Engine {
             state.recent_active_sets[2] = set.clone();
             (state.active_set_generation, set)
         };
-        self.disk
+        let result = self
+            .disk
             .write_at(
                 &encode_slot(generation, &set),
                 slot_offset(offset, generation),
             )
-            .and_then(|()| self.disk.sync_data())
-            .map_err(|error| {
-                let mut state = self.lock();
+            .and_then(|()| self.disk.sync_data());
+        let mut state = self.lock();
+        match result {
+            Ok(()) => {
+                state.recent_active_sets = [set.clone(), set.clone(), set];
+                Ok(())
+            }
+            Err(error) => {
                 self.fail(
                     &mut state,
                     format!("writing the active set failed: {error}"),
                 );
-                StoreError::io("writing the active set", error)
-            })
+                Err(StoreError::io("writing the active set", error))
+            }
+        }
     }
 
     /// Reads the durable active set: `Some(None)` when neither slot is

@@ -376,7 +376,7 @@ impl Engine {
                     "journal sequences apply contiguously"
                 );
                 assert!(
-                    record.sequence <= durable
+                    record.sequence <= state.durable_sequence
                         || (record.is_redirect() && record.sequence <= state.written_sequence),
                     "record {} applied before it is durable (durable up to {})",
                     record.sequence,
