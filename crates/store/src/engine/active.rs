@@ -18,7 +18,8 @@ impl Engine {
     /// The physical chunks a write of whole blocks may go to directly (one
     /// per chunk spanned), or `None` when it must take the journal: the
     /// pool has no active set, a snapshot or rollback of the volume is
-    /// pending, a chunk is unmapped, shared, filled by a redirect or
+    /// pending, a chunk is unmapped, a block is not written yet, a chunk
+    /// is shared, filled by a redirect or
     /// written in place by a journaled record or a copy since the last
     /// checkpoint (replay would write that older data over this write's),
     /// or being copied, a record other than a direct write is
@@ -56,6 +57,16 @@ impl Engine {
         for chunk in first_chunk..end_chunk {
             let entry = volume_state.map.get(chunk)?;
             let physical = entry.physical;
+            // Only blocks written already: an unwritten block's device
+            // bytes are stale (a chunk's earlier life), and a torn write
+            // there would leave some of them behind.
+            let chunk_first = chunk * BLOCKS_PER_CHUNK;
+            let from = first_block.max(chunk_first) - chunk_first;
+            let to = (first_block + block_count).min(chunk_first + BLOCKS_PER_CHUNK) - chunk_first;
+            let mask = (((1u32 << to) - 1) & !((1u32 << from) - 1)) as u16;
+            if entry.written & mask != mask {
+                return None;
+            }
             if state.is_shared(volume_state, entry)
                 || state.fresh_since_checkpoint.contains(&physical)
                 || state.replayed_in_place.contains(&physical)

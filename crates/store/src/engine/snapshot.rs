@@ -319,7 +319,39 @@ impl Engine {
     /// Deletes a volume with its snapshots: every entry of its map and saved
     /// maps loses its reference (chunks shared with clones stay).
     pub fn delete_volume(&self, volume: VolumeId, name: &VolumeName) -> Result<(), StoreError> {
-        self.change_and_checkpoint(|state| {
+        // A direct write of the volume not yet in the journal would put its
+        // data in place later, into chunks this frees (and a later write
+        // may be given): the deletion waits until every such write is
+        // written, which a flush does.
+        loop {
+            let target = self.lock().next_sequence - 1;
+            self.flush_to(target)
+                .map_err(|error| StoreError::Fatal(error.to_string()))?;
+            let deleted = self.change_and_checkpoint(|state| {
+                let direct_unwritten = state.unapplied.iter().any(|record| {
+                    record.sequence > state.written_sequence
+                        && record.volume == volume
+                        && record.is_direct()
+                });
+                if direct_unwritten {
+                    return Ok(false);
+                }
+                self.remove_volume(state, volume, name)?;
+                Ok(true)
+            })?;
+            if deleted {
+                return Ok(());
+            }
+        }
+    }
+
+    fn remove_volume(
+        &self,
+        state: &mut State,
+        volume: VolumeId,
+        name: &VolumeName,
+    ) -> Result<(), StoreError> {
+        {
             let removed = state
                 .volumes
                 .remove(&volume)
@@ -338,7 +370,7 @@ impl Engine {
             state.dirty_volumes.insert(volume);
             self.changed.notify_all();
             Ok(())
-        })
+        }
     }
 
     /// A volume's snapshots with the chunks each reads and holds alone, in
