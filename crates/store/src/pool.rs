@@ -246,7 +246,7 @@ impl Pool {
             superblock,
             metadata,
             loaded,
-            EngineOptions::new(Background::Threads),
+            EngineOptions::production(),
             true,
         )
     }

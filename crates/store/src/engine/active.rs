@@ -35,6 +35,9 @@ impl Engine {
         block_count: u64,
     ) -> Option<Vec<u32>> {
         self.layout.active_set_offset()?;
+        if !self.direct_writes {
+            return None;
+        }
         let volume_state = state.volumes.get(&volume)?;
         if !volume_state.pending_snapshots.is_empty() || volume_state.rolling_back {
             return None;

@@ -413,6 +413,8 @@ pub struct Engine {
     /// Serialises writes of the active set, so slots are written in
     /// generation order, each with the set as it is when written.
     pub active_set_lock: Mutex<()>,
+    /// Small overwrites may go in place once (`EngineOptions::direct_writes`).
+    pub direct_writes: bool,
     pub checksum_errors: AtomicU64,
     /// Rules broken on purpose, to show the simulator catches it.
     #[cfg(feature = "bug-switches")]
@@ -455,14 +457,27 @@ pub(crate) use bug;
 #[derive(Clone, Copy, Debug)]
 pub struct EngineOptions {
     pub background: Background,
+    /// Small overwrites written once (see `active`). On in the simulator
+    /// and the tests; in a node only with `TRIREME_DIRECT_WRITES=1` until
+    /// its throughput is fixed (bench/RESULTS.md, *steady-writeonce*).
+    pub direct_writes: bool,
     #[cfg(feature = "bug-switches")]
     pub bugs: BugSwitches,
 }
 
 impl EngineOptions {
+    /// A node's pool: direct writes only when `TRIREME_DIRECT_WRITES=1`.
+    pub fn production() -> EngineOptions {
+        EngineOptions {
+            direct_writes: std::env::var("TRIREME_DIRECT_WRITES").is_ok_and(|value| value == "1"),
+            ..EngineOptions::new(Background::Threads)
+        }
+    }
+
     pub fn new(background: Background) -> EngineOptions {
         EngineOptions {
             background,
+            direct_writes: true,
             #[cfg(feature = "bug-switches")]
             bugs: BugSwitches::default(),
         }

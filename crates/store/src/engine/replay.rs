@@ -157,6 +157,7 @@ pub fn open_engine(
         writeback: Mutex::new(Default::default()),
         snapshot_lock: Mutex::new(()),
         active_set_lock: Mutex::new(()),
+        direct_writes: options.direct_writes,
         checksum_errors: AtomicU64::new(0),
         #[cfg(feature = "bug-switches")]
         bugs: options.bugs,
