@@ -7,12 +7,16 @@
 //!   older generations and remembers which writes are not settled.
 //! - [`message`]: what they say over a data link, and its encoding.
 //! - [`regions`]: the dirty map's regions.
+//! - [`driver`]: what a runtime does with those machines' outputs (the
+//!   replica's handling of each message, the engine's dealings with the
+//!   control plane), shared by the node, the simulator and the tests.
 //!
 //! Nothing here does I/O or reads a clock. The node runs these machines
 //! under tokio; `trireme-sim` runs them under a seeded simulator that
 //! injects crashes, partitions and disk faults. docs/replication.md gives
 //! the rules and why they hold.
 
+pub mod driver;
 pub mod message;
 pub mod primary;
 pub mod regions;

@@ -161,11 +161,12 @@ use trireme_control::{
     Actor, ClusterState, Command, CommandError, NodeRegistration, PoolRecord, PoolReport,
     ReplicaKind, ReplicaObserved, ReplicaRecord, Reply, VolumeRecord,
 };
+use trireme_replication::driver::replica::{DurableSide, ReplicaBugs, ReplicaDriver, Step};
 use trireme_replication::message::MAX_FRAME_BYTES;
 use trireme_replication::{
     Action, BlockHash, ClientError, ClientRequest, Completion, Config as EngineConfig, DirtyMap,
-    FromReplica, HelloOutcome, LinkId, NoQuorumPolicy, Payload, Primary, Proposal, ProposalResult,
-    ReadData, ReplicaError, ReplicaSide, ToReplica, VerifyState, View, REGION_BYTES,
+    FromReplica, LinkId, NoQuorumPolicy, Payload, Primary, Proposal, ProposalResult, ReadData,
+    ReplicaError, ReplicaSide, ToReplica, VerifyState, View, REGION_BYTES,
 };
 use trireme_types::{DeviceClass, Generation, NodeId, NodeName, PoolName, SnapshotId, VolumeName};
 
@@ -260,6 +261,17 @@ pub struct ReplicationSimConfig {
     /// without waiting out the leases they granted to older ones (two
     /// primaries write). Runs with it should fail.
     pub ignore_fencing: bool,
+    /// A bug switch: replicas send the welcome without persisting the
+    /// accepted generation (and `clean = false`) first. Runs with it
+    /// should fail.
+    pub welcome_without_persist: bool,
+    /// A bug switch: an engine takes a MarkOutdated the control plane
+    /// refused (fenced, or the last up-to-date member) as committed.
+    /// Runs with it should fail.
+    pub ignore_refused_outdate: bool,
+    /// A bug switch: the engine completes a write to the client before
+    /// its quorum acknowledged it. Runs with it should fail.
+    pub ack_before_quorum: bool,
     /// Print every event to stderr.
     pub trace: bool,
 }
@@ -299,6 +311,9 @@ impl Default for ReplicationSimConfig {
             final_crash: true,
             drop_writes: 0.0,
             ignore_fencing: false,
+            welcome_without_persist: false,
+            ignore_refused_outdate: false,
+            ack_before_quorum: false,
             trace: false,
         }
     }
@@ -453,6 +468,9 @@ impl ReplicationSimConfig {
             && self.drop_writes == 0.0
             && self.initial_in_sync == self.diskful
             && !self.ignore_fencing
+            && !self.welcome_without_persist
+            && !self.ignore_refused_outdate
+            && !self.ack_before_quorum
     }
 
     /// The only faults are pools full on every replica at once: then
@@ -900,7 +918,7 @@ struct Engine {
 #[derive(Debug)]
 enum PersistOp {
     Accept {
-        generation: Option<Generation>,
+        durable: DurableSide,
         link: LinkId,
         welcome: FromReplica,
     },
@@ -1202,6 +1220,8 @@ fn view_of(record: &VolumeRecord) -> View {
 struct Sim {
     seed: u64,
     cfg: ReplicationSimConfig,
+    /// The replica driver every node runs (the node daemon's own).
+    replica_driver: ReplicaDriver,
     rng: StdRng,
     /// Latencies: separate, so that the fault schedule does not shift when
     /// one more message is sent.
@@ -1254,6 +1274,10 @@ struct Sim {
 impl Sim {
     fn new(seed: u64, cfg: ReplicationSimConfig) -> Sim {
         let blocks = cfg.size_bytes / BLOCK;
+        let replica_driver = ReplicaDriver::new().with_bugs(ReplicaBugs {
+            welcome_without_persist: cfg.welcome_without_persist,
+            ignore_fencing: cfg.ignore_fencing,
+        });
         let report = ReplicationSimReport {
             seed,
             diskful: cfg.diskful,
@@ -1290,6 +1314,7 @@ impl Sim {
         let arbiter = Arbiter::new(&cfg);
         Sim {
             seed,
+            replica_driver,
             rng: StdRng::seed_from_u64(seed),
             lat: StdRng::seed_from_u64(seed ^ 0x6c61_7465_6e63_7921),
             cfg,
@@ -2798,7 +2823,17 @@ impl Sim {
         self.at(time, Ev::Close { link });
     }
 
-    // --- the replica driver ----------------------------------------------------------
+    /// The replica closes `link` after what it sent on it.
+    fn replica_close(&mut self, link: LinkId) {
+        let Some(l) = self.links.get_mut(&link) else {
+            return;
+        };
+        l.replica_closing = true;
+        let time = l.from_at.max(self.now) + 1;
+        self.at(time, Ev::Close { link });
+    }
+
+    // --- the replica: the node's driver over a simulated disk and network --------------
 
     fn replica_receive(&mut self, link: LinkId, message: ToReplica, op: Option<u64>) {
         let Some(l) = self.links.get(&link) else {
@@ -2821,211 +2856,206 @@ impl Sim {
                 self.now as f64 / 1000.0
             );
         }
-        match message {
+        // A primary never sends data to a tiebreaker (checked before the
+        // driver, which would only close the link).
+        if !node.diskful
+            && !matches!(
+                message,
+                ToReplica::Hello { .. } | ToReplica::Goodbye | ToReplica::Ping { .. }
+            )
+        {
+            self.violate(format!(
+                "engine {engine} sent {summary} to tiebreaker {member}"
+            ));
+            return;
+        }
+        let hello = match &message {
             ToReplica::Hello {
                 generation,
                 primary,
-            } => {
-                let now = self.now;
-                let side = node.side.as_mut().expect("up");
-                let mut outcome = side.on_hello(link, generation, primary, now);
-                if let HelloOutcome::Wait { until_ms } = outcome {
-                    if self.cfg.ignore_fencing {
-                        // The bug switch: a replica that does not fence
-                        // does not hold a newer primary off until the leases
-                        // of older ones ran out either. Its side is told the
-                        // wait is over, so the two primaries overlap as they
-                        // would without the lease (with fencing, the wait
-                        // alone keeps most former primaries from writing on).
-                        outcome = side.on_hello(link, generation, primary, until_ms);
-                        assert!(
-                            !matches!(outcome, HelloOutcome::Wait { .. }),
-                            "a hello put off until {until_ms} waits again at that time"
-                        );
-                    }
-                }
-                match outcome {
-                    HelloOutcome::Refuse(reply) => {
-                        self.log(format!("node {member}: link {link}: {summary} refused"));
-                        self.replica_refuse(link, reply);
-                    }
-                    HelloOutcome::Wait { until_ms } => {
-                        // It holds leases of older generations: the link
-                        // waits, and they are refused meanwhile.
-                        self.log(format!(
-                            "node {member}: link {link} (engine {engine}): {summary} waits until {until_ms} for older leases"
-                        ));
-                        self.close_older_links(member, link, generation);
-                        let frame = self.encode_to(&ToReplica::Hello {
-                            generation,
-                            primary,
-                        });
-                        self.at(
-                            until_ms,
-                            Ev::Deliver {
-                                link,
-                                frame,
-                                op: None,
-                            },
-                        );
-                    }
-                    HelloOutcome::Accept { persist, welcome } => {
-                        node.max_accepted = node.max_accepted.max(generation);
-                        self.log(format!(
-                            "node {member}: link {link} (engine {engine}): {summary} accepted"
-                        ));
-                        if persist.is_some() {
-                            self.close_older_links(member, link, generation);
-                        }
-                        self.persist(
-                            member,
-                            PersistOp::Accept {
-                                generation: persist,
-                                link,
-                                welcome,
-                            },
-                        );
-                    }
-                }
-            }
-            ToReplica::Goodbye => {
-                let clean = node.side.as_mut().expect("up").on_goodbye(link);
+            } => Some((*generation, *primary)),
+            _ => None,
+        };
+        let now = self.now;
+        let side = node.side.as_mut().expect("up");
+        let accepted_before = side.accepted();
+        // The node's own driver decides; the simulator carries it out.
+        let step = self
+            .replica_driver
+            .receive(side, link, message, now, node.diskful);
+        match step {
+            Step::Refuse(refusal) => {
                 self.log(format!(
-                    "node {member}: link {link}: goodbye (clean: {clean})"
+                    "node {member}: link {link}: {summary} refused or not admitted"
                 ));
-                if clean {
+                self.replica_refuse(link, refusal);
+            }
+            Step::Wait { until_ms } => {
+                // It holds leases of older generations: the link waits,
+                // and they are refused meanwhile.
+                let (generation, primary) = hello.expect("only a hello waits");
+                self.log(format!(
+                    "node {member}: link {link} (engine {engine}): {summary} waits until {until_ms} for older leases"
+                ));
+                self.close_older_links(member, link, generation);
+                let frame = self.encode_to(&ToReplica::Hello {
+                    generation,
+                    primary,
+                });
+                self.at(
+                    until_ms,
+                    Ev::Deliver {
+                        link,
+                        frame,
+                        op: None,
+                    },
+                );
+            }
+            Step::Welcome { durable, welcome } => {
+                let (generation, _) = hello.expect("only a hello is welcomed");
+                node.max_accepted = node.max_accepted.max(generation);
+                self.log(format!(
+                    "node {member}: link {link} (engine {engine}): {summary} accepted"
+                ));
+                if durable.accepted > accepted_before {
+                    self.close_older_links(member, link, generation);
+                }
+                self.persist(
+                    member,
+                    PersistOp::Accept {
+                        durable,
+                        link,
+                        welcome,
+                    },
+                );
+            }
+            Step::Reply(reply) => {
+                if let Some((generation, _)) = hello {
+                    // Welcomed without a persist (a bug switch).
+                    node.max_accepted = node.max_accepted.max(generation);
+                    self.log(format!(
+                        "node {member}: link {link} (engine {engine}): {summary} accepted, not persisted"
+                    ));
+                    if generation > accepted_before {
+                        self.close_older_links(member, link, generation);
+                    }
+                }
+                self.replica_send(link, reply);
+            }
+            Step::Close { durable } => {
+                self.log(format!(
+                    "node {member}: link {link}: goodbye (clean: {})",
+                    durable.is_some()
+                ));
+                if durable.is_some() {
                     self.persist(member, PersistOp::Clean);
                 }
+                self.replica_close(link);
             }
-            ToReplica::Ping { token } => {
-                let now = self.now;
-                match node.side.as_mut().expect("up").admit(link, &message, now) {
-                    // A replica that does not fence (the bug switch) keeps
-                    // answering a former primary's pings, so its link stays.
-                    Ok(()) | Err(_) if self.cfg.ignore_fencing => {
-                        self.replica_send(link, FromReplica::Pong { token })
-                    }
-                    Ok(()) => self.replica_send(link, FromReplica::Pong { token }),
-                    Err(refusal) => {
-                        self.log(format!(
-                            "node {member}: link {link}: {summary} not admitted"
-                        ));
-                        self.replica_refuse(link, refusal);
-                    }
-                }
+            Step::DataForTiebreaker => {
+                self.violate(format!(
+                    "engine {engine} sent {summary} to tiebreaker {member}"
+                ));
             }
-            message => {
-                if !node.diskful {
-                    self.violate(format!(
-                        "engine {engine} sent {summary} to tiebreaker {member}"
-                    ));
+            Step::Store(message) => self.replica_store(link, message, op),
+        }
+    }
+
+    /// An admitted message goes to the member's disk.
+    fn replica_store(&mut self, link: LinkId, message: ToReplica, op: Option<u64>) {
+        let l = &self.links[&link];
+        let (member, engine, generation) = (l.member, l.engine, l.generation);
+        let summary = summary_to(&message);
+        // One primary: nothing of a fenced generation is carried out.
+        let accepted = self.nodes[&member].side.as_ref().expect("up").accepted();
+        if generation < accepted {
+            self.violate(format!(
+                "node {member} carries out {summary} of engine {engine} at g{generation} after accepting g{accepted} (two primaries)"
+            ));
+            return;
+        }
+        if let Some(op) = op {
+            if let Some(Op {
+                kind: OpKind::Write { admitted, .. },
+                ..
+            }) = self.ops.get_mut(&op)
+            {
+                admitted.insert(member, accepted);
+            }
+        }
+        let kind = match message {
+            ToReplica::Write {
+                seq,
+                offset,
+                payload,
+                fua,
+                ..
+            } => {
+                let length = payload.length();
+                if !offset.is_multiple_of(BLOCK)
+                    || !length.is_multiple_of(BLOCK)
+                    || offset + length > self.cfg.size_bytes
+                    || length == 0
+                {
+                    self.violate(format!("bad write from engine {engine}: {summary}"));
                     return;
                 }
-                let now = self.now;
-                if let Err(refusal) = node.side.as_mut().expect("up").admit(link, &message, now) {
-                    if !self.cfg.ignore_fencing {
-                        self.log(format!(
-                            "node {member}: link {link}: {summary} not admitted"
-                        ));
-                        self.replica_refuse(link, refusal);
-                        return;
-                    }
-                }
-                // One primary: nothing of a fenced generation is carried out.
-                let accepted = node.side.as_ref().expect("up").accepted();
-                let generation = self.links[&link].generation;
-                if generation < accepted {
-                    self.violate(format!(
-                        "node {member} carries out {summary} of engine {engine} at g{generation} after accepting g{accepted} (two primaries)"
-                    ));
-                    return;
-                }
-                if let Some(op) = op {
-                    if let Some(Op {
-                        kind: OpKind::Write { admitted, .. },
-                        ..
-                    }) = self.ops.get_mut(&op)
-                    {
-                        admitted.insert(member, accepted);
-                    }
-                }
-                let kind = match message {
-                    ToReplica::Write {
-                        seq,
-                        offset,
-                        payload,
-                        fua,
-                        ..
-                    } => {
-                        let length = payload.length();
-                        if !offset.is_multiple_of(BLOCK)
-                            || !length.is_multiple_of(BLOCK)
-                            || offset + length > self.cfg.size_bytes
-                            || length == 0
-                        {
-                            self.violate(format!("bad write from engine {engine}: {summary}"));
-                            return;
-                        }
-                        let tags = match &payload {
-                            Payload::Data(data) => match tags_of(data) {
-                                Some(tags) => tags,
-                                None => {
-                                    self.violate(format!(
-                                        "engine {engine} sent data that is no block of any write: {summary}"
-                                    ));
-                                    return;
-                                }
-                            },
-                            Payload::Zeroes { length, .. } => vec![0; (length / BLOCK) as usize],
-                        };
-                        DiskKind::Write {
-                            first: offset / BLOCK,
-                            tags,
-                            fua,
-                            seq,
-                        }
-                    }
-                    ToReplica::Flush { seq } => DiskKind::Flush { seq },
-                    ToReplica::Snapshot { seq, snapshot } => DiskKind::Snapshot { seq, snapshot },
-                    ToReplica::Read { id, offset, length } => {
-                        if !offset.is_multiple_of(BLOCK)
-                            || !length.is_multiple_of(BLOCK)
-                            || offset + length > self.cfg.size_bytes
-                            || length == 0
-                        {
-                            self.violate(format!("bad read from engine {engine}: {summary}"));
-                            return;
-                        }
-                        DiskKind::Read {
-                            id,
-                            first: offset / BLOCK,
-                            count: length / BLOCK,
-                        }
-                    }
-                    ToReplica::Hash { id, offset, length } => {
-                        if !offset.is_multiple_of(BLOCK)
-                            || !length.is_multiple_of(BLOCK)
-                            || offset + length > self.cfg.size_bytes
-                            || length == 0
-                        {
+                let tags = match &payload {
+                    Payload::Data(data) => match tags_of(data) {
+                        Some(tags) => tags,
+                        None => {
                             self.violate(format!(
-                                "bad hash request from engine {engine}: {summary}"
+                                "engine {engine} sent data that is no block of any write: {summary}"
                             ));
                             return;
                         }
-                        DiskKind::Hash {
-                            id,
-                            first: offset / BLOCK,
-                            count: length / BLOCK,
-                        }
-                    }
-                    ToReplica::Hello { .. } | ToReplica::Goodbye | ToReplica::Ping { .. } => {
-                        unreachable!("handled")
-                    }
+                    },
+                    Payload::Zeroes { length, .. } => vec![0; (length / BLOCK) as usize],
                 };
-                self.disk_submit(member, link, kind);
+                DiskKind::Write {
+                    first: offset / BLOCK,
+                    tags,
+                    fua,
+                    seq,
+                }
             }
-        }
+            ToReplica::Flush { seq } => DiskKind::Flush { seq },
+            ToReplica::Snapshot { seq, snapshot } => DiskKind::Snapshot { seq, snapshot },
+            ToReplica::Read { id, offset, length } => {
+                if !offset.is_multiple_of(BLOCK)
+                    || !length.is_multiple_of(BLOCK)
+                    || offset + length > self.cfg.size_bytes
+                    || length == 0
+                {
+                    self.violate(format!("bad read from engine {engine}: {summary}"));
+                    return;
+                }
+                DiskKind::Read {
+                    id,
+                    first: offset / BLOCK,
+                    count: length / BLOCK,
+                }
+            }
+            ToReplica::Hash { id, offset, length } => {
+                if !offset.is_multiple_of(BLOCK)
+                    || !length.is_multiple_of(BLOCK)
+                    || offset + length > self.cfg.size_bytes
+                    || length == 0
+                {
+                    self.violate(format!("bad hash request from engine {engine}: {summary}"));
+                    return;
+                }
+                DiskKind::Hash {
+                    id,
+                    first: offset / BLOCK,
+                    count: length / BLOCK,
+                }
+            }
+            ToReplica::Hello { .. } | ToReplica::Goodbye | ToReplica::Ping { .. } => {
+                unreachable!("the driver answers these itself")
+            }
+        };
+        self.disk_submit(member, link, kind);
     }
 
     /// With `fence_closes_old_links`: the member refuses its links of
@@ -3078,14 +3108,12 @@ impl Sim {
         }
         match op {
             PersistOp::Accept {
-                generation,
+                durable,
                 link,
                 welcome,
             } => {
-                if let Some(generation) = generation {
-                    n.durable.accepted = generation;
-                }
-                n.durable.clean = false;
+                n.durable.accepted = durable.accepted;
+                n.durable.clean = durable.clean;
                 let summary = summary_from(&welcome);
                 self.log(format!("node {node}: link {link}: persisted; {summary}"));
                 self.replica_send(link, welcome);

@@ -15,6 +15,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
+use trireme_replication::driver::replica::{ReplicaDriver, Step};
 use trireme_replication::{FromReplica, Payload, ReplicaSide, ToReplica};
 use trireme_store::Volume;
 use trireme_types::{Attempt, BlockTarget, VolumeName};
@@ -43,6 +44,7 @@ pub(crate) struct LocalLink {
     queued: Arc<AtomicUsize>,
     /// The replica service's clock, for what is admitted here.
     clock: Clock,
+    driver: ReplicaDriver,
 }
 
 impl LocalLink {
@@ -56,6 +58,7 @@ impl LocalLink {
     ) -> Result<LocalLink, NodeError> {
         let side = service.side(&name)?;
         let clock = service.clock();
+        let driver = service.driver().clone();
         let link = service.next_link_id();
         let (jobs, receiver) = mpsc::channel::<Job>();
         let queued = Arc::new(AtomicUsize::new(0));
@@ -97,6 +100,7 @@ impl LocalLink {
             jobs,
             queued,
             clock,
+            driver,
         })
     }
 
@@ -127,6 +131,13 @@ impl LocalLink {
         None
     }
 
+    /// `message`, through the replica driver, as the service handles it.
+    fn receive(&self, message: ToReplica, now: u64) -> Step {
+        let mut side = self.side.lock().expect("side lock");
+        self.driver
+            .receive(&mut side, self.link, message, now, self.volume.is_some())
+    }
+
     fn try_inline(
         &self,
         volume: &Volume,
@@ -134,17 +145,11 @@ impl LocalLink {
     ) -> Result<(Option<FromReplica>, bool), Job> {
         let now = self.clock.now_ms();
         match message {
-            ToReplica::Ping { token } => {
-                match self
-                    .side
-                    .lock()
-                    .expect("side lock")
-                    .admit(self.link, &message, now)
-                {
-                    Ok(()) => Ok((Some(FromReplica::Pong { token }), false)),
-                    Err(refusal) => Ok((Some(refusal), true)),
-                }
-            }
+            ToReplica::Ping { .. } => match self.receive(message, now) {
+                Step::Reply(pong) => Ok((Some(pong), false)),
+                Step::Refuse(refusal) => Ok((Some(refusal), true)),
+                other => unreachable!("a ping is answered or refused, not {other:?}"),
+            },
             ToReplica::Write {
                 seq,
                 offset,
@@ -152,17 +157,15 @@ impl LocalLink {
                 fua: false,
                 ..
             } => {
-                if let Err(refusal) = self
-                    .side
-                    .lock()
-                    .expect("side lock")
-                    .admit(self.link, &message, now)
-                {
-                    return Ok((Some(refusal), true));
+                let data = data.clone();
+                match self.receive(message.clone(), now) {
+                    Step::Store(_) => {}
+                    Step::Refuse(refusal) => return Ok((Some(refusal), true)),
+                    other => unreachable!("a write is carried out or refused, not {other:?}"),
                 }
                 // The store keeps the payload's own buffer, which the
                 // primary's record of the write shares: no copy.
-                match volume.try_write_shared(offset, data.clone()) {
+                match volume.try_write_shared(offset, data) {
                     Attempt::Done(result) => Ok((
                         Some(FromReplica::Ack {
                             seq,
@@ -191,12 +194,7 @@ impl LocalLink {
                     Some(Ok(())) => {
                         // Reads change nothing on the replica side but its
                         // fencing check.
-                        if let Err(refusal) = self
-                            .side
-                            .lock()
-                            .expect("side lock")
-                            .admit(self.link, &message, now)
-                        {
+                        if let Step::Refuse(refusal) = self.receive(message, now) {
                             return Ok((Some(refusal), true));
                         }
                         Ok((

@@ -17,12 +17,12 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use trireme_replication::message::{MAX_FRAME_BYTES, MAX_HASH_BLOCKS};
+use trireme_replication::driver::replica::{self, DurableSide, ReplicaDriver, ReplicaStore, Step};
 use trireme_replication::{
-    BlockHash, FromReplica, HelloOutcome, Payload, ReadData, ReplicaError, ReplicaSide, ToReplica,
+    BlockHash, FromReplica, Payload, ReadData, ReplicaError, ReplicaSide, ToReplica,
 };
 use trireme_store::Volume;
-use trireme_types::{BlockTarget, Generation, TargetError, VolumeName, ZeroFlags};
+use trireme_types::{BlockTarget, Generation, SnapshotId, TargetError, VolumeName, ZeroFlags};
 
 use super::clock::Clock;
 use super::meta::{ReplicaMeta, ReplicationMeta};
@@ -44,6 +44,8 @@ pub struct ReplicaService {
     /// The read leases granted: every side reads this clock, which
     /// started with the service (no lease was granted before).
     clock: Clock,
+    /// What to do with each message: the driver the simulator runs too.
+    driver: ReplicaDriver,
 }
 
 /// What the store's error means for replication.
@@ -76,11 +78,16 @@ impl ReplicaService {
             sides: Mutex::new(BTreeMap::new()),
             next_link: AtomicU64::new(1),
             clock: Clock::start(),
+            driver: ReplicaDriver::new(),
         })
     }
 
     pub(super) fn clock(&self) -> Clock {
         self.clock
+    }
+
+    pub(super) fn driver(&self) -> &ReplicaDriver {
+        &self.driver
     }
 
     pub(super) fn side(&self, volume: &VolumeName) -> Result<Arc<Mutex<ReplicaSide>>, NodeError> {
@@ -101,19 +108,14 @@ impl ReplicaService {
         Ok(side)
     }
 
-    fn persist(
-        &self,
-        volume: &VolumeName,
-        side: &ReplicaSide,
-        clean: bool,
-    ) -> Result<(), NodeError> {
+    fn persist(&self, volume: &VolumeName, durable: DurableSide) -> Result<(), NodeError> {
         self.meta.set_replica(
             volume,
             &ReplicaMeta {
-                accepted: side.accepted(),
-                primary_at: side.primary_at(),
-                clean,
-                fenced: side.fenced(),
+                accepted: durable.accepted,
+                primary_at: durable.primary_at,
+                clean: durable.clean,
+                fenced: durable.fenced,
             },
         )
     }
@@ -130,7 +132,7 @@ impl ReplicaService {
         let mut side = side.lock().expect("side lock");
         side.set_primary_at(generation);
         let clean = self.meta.replica(volume)?.clean;
-        self.persist(volume, &side, clean)
+        self.persist(volume, DurableSide::of(&side, clean))
     }
 
     /// The volume is detached at `generation`: no primary of it may write
@@ -144,7 +146,7 @@ impl ReplicaService {
         }
         side.fence(generation);
         let clean = self.meta.replica(volume)?.clean;
-        self.persist(volume, &side, clean)
+        self.persist(volume, DurableSide::of(&side, clean))
     }
 
     /// Runs `work` on the copy while no primary newer than `generation`
@@ -306,7 +308,8 @@ impl ReplicaService {
         result
     }
 
-    /// One message: the reply, and whether to close the link.
+    /// One message, through the replica driver: the reply, and whether to
+    /// close the link.
     pub(super) fn handle(
         &self,
         name: &VolumeName,
@@ -315,121 +318,116 @@ impl ReplicaService {
         link: u64,
         message: ToReplica,
     ) -> (Option<FromReplica>, bool) {
-        match message {
-            ToReplica::Hello {
-                generation,
-                primary,
-            } => loop {
-                let mut side = side.lock().expect("side lock");
-                let now = self.clock.now_ms();
-                match side.on_hello(link, generation, primary, now) {
-                    HelloOutcome::Refuse(reply) => return (Some(reply), true),
-                    HelloOutcome::Wait { until_ms } => {
-                        // A former primary may still hold a read lease from
-                        // this copy: this link waits (older ones are refused
-                        // meanwhile).
-                        drop(side);
-                        tracing::info!(volume = %name, %generation, wait_ms = until_ms - now, "a newer primary waits until the former one's read lease has run out");
-                        std::thread::sleep(std::time::Duration::from_millis(until_ms - now));
+        // A hello put off is handled again, as it was, once the wait is over.
+        let hello = matches!(message, ToReplica::Hello { .. }).then(|| message.clone());
+        let mut message = Some(message);
+        loop {
+            let Some(next) = message.take().or_else(|| hello.clone()) else {
+                unreachable!("a hello is kept for its retries");
+            };
+            let mut side = side.lock().expect("side lock");
+            let now = self.clock.now_ms();
+            match self
+                .driver
+                .receive(&mut side, link, next, now, volume.is_some())
+            {
+                Step::Reply(reply) => return (Some(reply), false),
+                Step::Refuse(refusal) => return (Some(refusal), true),
+                Step::Wait { until_ms } => {
+                    // A former primary may still hold a read lease from
+                    // this copy: this link waits (older ones are refused
+                    // meanwhile).
+                    drop(side);
+                    tracing::info!(volume = %name, wait_ms = until_ms - now, "a newer primary waits until the former one's read lease has run out");
+                    std::thread::sleep(std::time::Duration::from_millis(until_ms - now));
+                }
+                Step::Welcome { durable, welcome } => {
+                    if let Err(error) = self.persist(name, durable) {
+                        tracing::error!(%error, volume = %name, "cannot persist the accepted generation; refusing the primary");
+                        return (None, true);
                     }
-                    HelloOutcome::Accept { welcome, .. } => {
-                        // Durable before the welcome: a restart must not
-                        // forget that a newer primary was accepted.
-                        if let Err(error) = self.persist(name, &side, false) {
-                            tracing::error!(%error, volume = %name, "cannot persist the accepted generation; refusing the primary");
-                            return (None, true);
+                    return (Some(welcome), false);
+                }
+                Step::Close { durable } => {
+                    if let Some(durable) = durable {
+                        if let Err(error) = self.persist(name, durable) {
+                            tracing::warn!(%error, volume = %name, "cannot record the clean detach");
                         }
-                        return (Some(welcome), false);
                     }
+                    return (None, true);
                 }
-            },
-            ToReplica::Goodbye => {
-                let mut side = side.lock().expect("side lock");
-                if side.on_goodbye(link) {
-                    if let Err(error) = self.persist(name, &side, true) {
-                        tracing::warn!(%error, volume = %name, "cannot record the clean detach");
-                    }
+                Step::DataForTiebreaker => {
+                    // A primary never sends data to a tiebreaker; one that
+                    // does is confused: close the link.
+                    tracing::warn!(volume = %name, "a primary sent data to this tiebreaker; closing the link");
+                    return (None, true);
                 }
-                (None, true)
-            }
-            message => {
-                let now = self.clock.now_ms();
-                if let Err(refusal) = side.lock().expect("side lock").admit(link, &message, now) {
-                    return (Some(refusal), true);
-                }
-                if let ToReplica::Ping { token } = message {
-                    // Tiebreakers answer too: they vote for the lease.
-                    return (Some(FromReplica::Pong { token }), false);
-                }
-                match volume {
-                    Some(volume) => (Some(execute(volume, message)), false),
-                    None => {
-                        // A primary never sends data to a tiebreaker; one
-                        // that does is confused: close the link.
-                        tracing::warn!(volume = %name, "a primary sent data to this tiebreaker; closing the link");
-                        (None, true)
-                    }
+                Step::Store(message) => {
+                    drop(side);
+                    let volume = volume.expect("the driver sends data only to a copy");
+                    return (Some(execute(volume, message)), false);
                 }
             }
         }
     }
 }
 
+/// Carries out an admitted message on the volume's copy.
 pub(super) fn execute(volume: &Volume, message: ToReplica) -> FromReplica {
-    match message {
-        ToReplica::Write {
-            seq,
-            offset,
-            payload,
-            fua,
-            ..
-        } => {
-            let result = match payload {
-                // Written on this thread when the journal writer is idle:
-                // one wake-up fewer before the flush that often follows.
-                // The store keeps the data's buffer as it is (on the
-                // primary's own copy, shared with its record of the write).
-                Payload::Data(data) if !fua => volume.write_now(offset, data),
-                Payload::Data(data) => volume.write_shared(offset, data, fua),
-                Payload::Zeroes { length, trim: true } => volume.trim(offset, length, fua),
-                Payload::Zeroes {
-                    length,
-                    trim: false,
-                } => volume.write_zeroes(
-                    offset,
-                    length,
-                    ZeroFlags {
-                        fua,
-                        no_hole: false,
-                        fast_zero: false,
-                    },
-                ),
-            };
-            FromReplica::Ack {
-                seq,
-                result: result.map_err(replica_error),
-            }
+    replica::execute(&StoreCopy(volume), message)
+}
+
+/// The store's copy of a volume, as the replica driver carries messages
+/// out on it.
+struct StoreCopy<'a>(&'a Volume);
+
+impl ReplicaStore for StoreCopy<'_> {
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+
+    fn write(&self, offset: u64, payload: Payload, fua: bool) -> Result<(), ReplicaError> {
+        let volume = self.0;
+        match payload {
+            // Written on this thread when the journal writer is idle: one
+            // wake-up fewer before the flush that often follows. The store
+            // keeps the data's buffer as it is (on the primary's own copy,
+            // shared with its record of the write).
+            Payload::Data(data) if !fua => volume.write_now(offset, data),
+            Payload::Data(data) => volume.write_shared(offset, data, fua),
+            Payload::Zeroes { length, trim: true } => volume.trim(offset, length, fua),
+            Payload::Zeroes {
+                length,
+                trim: false,
+            } => volume.write_zeroes(
+                offset,
+                length,
+                ZeroFlags {
+                    fua,
+                    no_hole: false,
+                    fast_zero: false,
+                },
+            ),
         }
-        ToReplica::Flush { seq } => FromReplica::Ack {
-            seq,
-            result: volume.flush().map_err(replica_error),
-        },
-        ToReplica::Read { id, offset, length } => FromReplica::ReadReply {
-            id,
-            result: read(volume, offset, length),
-        },
-        ToReplica::Hash { id, offset, length } => FromReplica::HashReply {
-            id,
-            result: hashes(volume, offset, length),
-        },
-        ToReplica::Snapshot { seq, snapshot } => FromReplica::Ack {
-            seq,
-            result: volume
-                .snapshot(snapshot)
-                .map_err(|error| ReplicaError::Io(format!("snapshot {snapshot}: {error}"))),
-        },
-        ToReplica::Ping { token } => FromReplica::Pong { token },
-        ToReplica::Hello { .. } | ToReplica::Goodbye => unreachable!("handled by the caller"),
+        .map_err(replica_error)
+    }
+
+    fn flush(&self) -> Result<(), ReplicaError> {
+        self.0.flush().map_err(replica_error)
+    }
+
+    fn read(&self, offset: u64, length: u64) -> Result<ReadData, ReplicaError> {
+        read(self.0, offset, length)
+    }
+
+    fn hashes(&self, offset: u64, length: u64) -> Result<Vec<BlockHash>, ReplicaError> {
+        hashes(self.0, offset, length)
+    }
+
+    fn snapshot(&self, snapshot: SnapshotId) -> Result<(), ReplicaError> {
+        self.0
+            .snapshot(snapshot)
+            .map_err(|error| ReplicaError::Io(format!("snapshot {snapshot}: {error}")))
     }
 }
 
@@ -441,23 +439,12 @@ fn fingerprint(block: &[u8]) -> u128 {
     u128::from_le_bytes(hash.as_bytes()[..16].try_into().expect("16 bytes"))
 }
 
-/// The fingerprint of every block of the range (at most one region). A
-/// range that fails its checksums is read again block by block, so only
-/// the bad blocks are reported unreadable; a device error fails it all.
+/// The fingerprint of every block of the range (whole blocks of one
+/// region inside the volume: the driver checked). A range that fails its
+/// checksums is read again block by block, so only the bad blocks are
+/// reported unreadable; a device error fails it all.
 fn hashes(volume: &Volume, offset: u64, length: u64) -> Result<Vec<BlockHash>, ReplicaError> {
     let blocks = length / BLOCK_BYTES;
-    if !offset.is_multiple_of(BLOCK_BYTES)
-        || !length.is_multiple_of(BLOCK_BYTES)
-        || blocks == 0
-        || blocks > MAX_HASH_BLOCKS
-        || offset
-            .checked_add(length)
-            .is_none_or(|end| end > volume.size_bytes())
-    {
-        return Err(ReplicaError::Refused(format!(
-            "fingerprints of {length} bytes at {offset}: not whole blocks of one region inside the volume"
-        )));
-    }
     let zero = fingerprint(&[0u8; BLOCK_BYTES as usize]);
     if let Ok(extents) = volume.block_status(offset, length) {
         if extents
@@ -493,16 +480,9 @@ fn hashes(volume: &Volume, offset: u64, length: u64) -> Result<Vec<BlockHash>, R
     }
 }
 
+/// The range's bytes (inside the volume and small enough for a frame: the
+/// driver checked).
 fn read(volume: &Volume, offset: u64, length: u64) -> Result<ReadData, ReplicaError> {
-    if length as usize > MAX_FRAME_BYTES - 64
-        || offset
-            .checked_add(length)
-            .is_none_or(|end| end > volume.size_bytes())
-    {
-        return Err(ReplicaError::Refused(format!(
-            "read of {length} bytes at {offset} is outside the volume or too large"
-        )));
-    }
     // A hole needs no bytes on the wire: resyncs of thin volumes copy only
     // what was written.
     if let Ok(extents) = volume.block_status(offset, length) {
