@@ -15,6 +15,7 @@ pub mod identity;
 pub mod leader;
 pub mod peer;
 pub mod protocol;
+pub mod replication_port;
 pub mod start;
 #[cfg(test)]
 pub(crate) mod test_state;

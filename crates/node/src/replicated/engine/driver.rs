@@ -10,10 +10,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use trireme_control::events::ReportedEvent;
-use trireme_control::{Command, CommandError, EventKind, SyncProgress as ControlProgress};
-use trireme_replication::{
-    Action, ClientError, FromReplica, Primary, Proposal, ProposalResult, VerifyState,
-};
+use trireme_control::{Command, EventKind};
+use trireme_replication::driver::primary::{ControlPlane, PrimaryDriver};
+use trireme_replication::{Action, ClientError, FromReplica, Primary, VerifyState};
 use trireme_store::Volume;
 use trireme_types::{Generation, NodeId, SnapshotId, VolumeName};
 
@@ -24,7 +23,7 @@ use super::super::wire::Frames;
 use super::remote::RemoteLink;
 use super::tasks::PersistJob;
 use super::{Core, Input, Reply};
-use crate::cluster::{auth, Cluster, ClusterError};
+use crate::cluster::Cluster;
 
 /// Wait before reconnecting a link that failed or closed.
 const RECONNECT_DELAY: Duration = Duration::from_millis(500);
@@ -84,6 +83,7 @@ pub(super) struct DriverStart {
     pub local_readable: Arc<AtomicBool>,
     pub lease_until: Arc<AtomicU64>,
     pub clock: Clock,
+    pub port: Box<dyn ControlPlane + Send>,
 }
 
 /// Read repairs go to the event log at most this often per volume.
@@ -114,8 +114,10 @@ pub(super) struct Driver {
     clock: Clock,
     /// The engine stopped: inputs go to its task from now on.
     pub stopping: bool,
-    /// MarkInSync proposals in flight: id → node.
-    joining: BTreeMap<u64, NodeId>,
+    /// The engine's dealings with the control plane (the simulator's too).
+    control: PrimaryDriver,
+    /// Where its proposals go.
+    port: Box<dyn ControlPlane + Send>,
     /// The next reconnect delay per peer: doubled on each failure, reset
     /// when a link comes up.
     reconnect_delays: BTreeMap<NodeId, Duration>,
@@ -137,7 +139,7 @@ impl Driver {
         Driver {
             primary: start.primary,
             me: start.me,
-            volume: start.volume,
+            volume: start.volume.clone(),
             generation: start.generation,
             cluster: start.cluster,
             replicas: start.replicas,
@@ -153,7 +155,8 @@ impl Driver {
             lease_until: start.lease_until,
             clock: start.clock,
             stopping: false,
-            joining: BTreeMap::new(),
+            control: PrimaryDriver::new(start.me, start.volume.clone()),
+            port: start.port,
             reconnect_delays: BTreeMap::new(),
             failed_replica_delays: BTreeMap::new(),
             verify_logged: None,
@@ -209,22 +212,10 @@ impl Driver {
                     self.connect(node);
                 }
             }
-            Input::View(record) => match record {
-                None => self.primary.stop("the volume was deleted".into()),
-                Some(record) if record.deleting => {
-                    self.primary.stop("the volume is being deleted".into())
-                }
-                Some(record) => {
-                    let view = super::view_of(&record);
-                    if view.generation == self.primary.generation()
-                        && !view.primaries.contains(&self.me)
-                    {
-                        self.primary.detach(now);
-                    } else {
-                        self.primary.view(view, now);
-                    }
-                }
-            },
+            Input::View(record) => {
+                self.control
+                    .record(&mut self.primary, record.as_deref(), now);
+            }
             Input::ResyncRate(rate) => {
                 if rate != self.primary.resync_rate() {
                     tracing::info!(volume = %self.volume, rate_bytes_per_sec = rate, "resync rate changed");
@@ -250,9 +241,9 @@ impl Driver {
                 self.primary.take_snapshot(id, now);
             }
             Input::Persisted(token) => self.primary.persisted(token, now),
-            Input::Proposal(id, result) => {
-                if let Some(node) = self.joining.remove(&id) {
-                    if result == ProposalResult::Committed {
+            Input::Proposal(id, answer) => {
+                if let Some(node) = self.control.answered(&mut self.primary, id, answer, now) {
+                    {
                         self.failed_replica_delays.remove(&node);
                         let total = self.primary.counters.resynced_bytes;
                         tracing::info!(
@@ -264,7 +255,6 @@ impl Driver {
                         self.logged.resynced_bytes = total;
                     }
                 }
-                self.primary.proposal_result(id, result, now)
             }
             Input::Tick => self.primary.tick(now),
         }
@@ -456,10 +446,8 @@ impl Driver {
                 }
             }
             Action::Propose { id, proposal } => {
-                if let Proposal::MarkInSync { node } = proposal {
-                    self.joining.insert(id, node);
-                }
-                self.propose(id, proposal)
+                self.control
+                    .propose(&self.primary, id, proposal, self.port.as_mut())
             }
             Action::PersistDirty { token, peer, map } => {
                 let _ = self.persister.send(PersistJob {
@@ -587,67 +575,6 @@ impl Driver {
                 false
             }
         }
-    }
-
-    fn propose(&self, id: u64, proposal: Proposal) {
-        let name = self.volume.clone();
-        let generation = self.primary.generation();
-        let me = self.me;
-        let (command, wants_result) = match proposal {
-            Proposal::MarkOutdated { node } => (
-                Command::MarkOutdated {
-                    name,
-                    generation,
-                    node,
-                    by: me,
-                },
-                true,
-            ),
-            Proposal::MarkInSync { node } => (
-                Command::MarkInSync {
-                    name,
-                    generation,
-                    node,
-                    by: me,
-                },
-                true,
-            ),
-            Proposal::Progress { node, progress } => (
-                Command::ReportSync {
-                    name,
-                    node,
-                    progress: progress.map(|p| ControlProgress {
-                        done_bytes: p.done_bytes,
-                        total_bytes: p.total_bytes,
-                        rate_bytes_per_sec: p.rate_bytes_per_sec,
-                        reported_ms: auth::now_ms(),
-                    }),
-                },
-                false,
-            ),
-        };
-        let cluster = self.cluster.clone();
-        let core = self.core.clone();
-        tokio::spawn(async move {
-            let result = cluster.write(command).await;
-            if !wants_result {
-                return;
-            }
-            let result = match result {
-                Ok(_) => ProposalResult::Committed,
-                Err(ClusterError::Refused(
-                    CommandError::StaleGeneration { .. } | CommandError::NotPrimary { .. },
-                )) => ProposalResult::Stale,
-                Err(ClusterError::Refused(error)) => ProposalResult::Refused(error.to_string()),
-                Err(error) => {
-                    tracing::warn!(%error, "a replication proposal found no leader; retrying");
-                    ProposalResult::Unavailable
-                }
-            };
-            if let Some(core) = core.upgrade() {
-                core.deliver(Input::Proposal(id, result));
-            }
-        });
     }
 
     /// Every client request waiting fails: the engine stopped.

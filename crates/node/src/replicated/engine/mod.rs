@@ -32,11 +32,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
-use trireme_control::{QuorumPolicy, ReplicaKind, VolumeRecord};
+use trireme_control::{QuorumPolicy, VolumeRecord};
 use trireme_replication::RegionSet;
 use trireme_replication::{
     ClientError, ClientRequest, Completion, Config, DirtyMap, FromReplica, NoQuorumPolicy, Primary,
-    ProposalResult, VerifyReport, View,
+    VerifyReport,
 };
 use trireme_store::Volume;
 use trireme_types::BlockTarget;
@@ -48,8 +48,10 @@ pub type SnapshotOutcome = Result<std::collections::BTreeSet<NodeId>, String>;
 use super::clock::Clock;
 use super::serve::ReplicaService;
 use super::ReplicationMeta;
+use crate::cluster::replication_port::EnginePort;
 use crate::cluster::Cluster;
 use driver::Driver;
+use trireme_replication::driver::primary::{view_of, ProposeError};
 
 /// How often the engine's clock ticks (timeouts, resync pacing, progress).
 const TICK: Duration = Duration::from_millis(100);
@@ -99,7 +101,8 @@ pub(crate) enum Input {
     /// copies need no reconciliation or resync when it comes back.
     Shutdown,
     Persisted(u64),
-    Proposal(u64, ProposalResult),
+    /// The control plane's answer to a proposal.
+    Proposal(u64, Result<(), ProposeError>),
     Tick,
 }
 
@@ -265,22 +268,6 @@ pub(crate) struct EngineStart {
     pub local: Option<Arc<Volume>>,
 }
 
-/// The control plane's record as the engine's view.
-pub(crate) fn view_of(record: &VolumeRecord) -> View {
-    View {
-        generation: record.generation,
-        primaries: record.primaries.iter().map(|p| p.node).collect(),
-        diskful: record.diskful().map(|r| r.node).collect(),
-        tiebreakers: record
-            .replicas
-            .iter()
-            .filter(|r| r.kind == ReplicaKind::Tiebreaker)
-            .map(|r| r.node)
-            .collect(),
-        in_sync: record.in_sync.clone(),
-    }
-}
-
 /// The regions of the local copy that hold data (its store's allocation):
 /// resync progress counts these instead of the volume's size. `None` if
 /// the store cannot say (progress then counts every region).
@@ -349,6 +336,14 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
             local_readable: local_readable.clone(),
             lease_until: lease_until.clone(),
             clock,
+            port: Box::new(EnginePort::new(start.cluster.clone(), {
+                let core = core.clone();
+                Arc::new(move |id, answer| {
+                    if let Some(core) = core.upgrade() {
+                        core.deliver(Input::Proposal(id, answer));
+                    }
+                })
+            })),
         })),
         stopped_inputs,
         runtime,
