@@ -2,6 +2,7 @@
 //! paths. The simulator (trireme-sim) covers faults.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use trireme_replication::driver::replica::{ReplicaDriver, Step};
 use trireme_replication::*;
 use trireme_types::{Generation, NodeId};
 
@@ -121,26 +122,31 @@ impl World {
                 if !replica.up {
                     return;
                 }
+                // The node's own replica driver decides; this world
+                // carries it out on its in-memory copy.
+                let message =
+                    match ReplicaDriver::new().receive(&mut replica.side, to.0, message, now, true)
+                    {
+                        Step::Reply(reply) | Step::Refuse(reply) => {
+                            self.outbox.push_back((to, reply));
+                            return;
+                        }
+                        Step::Welcome { welcome, .. } => {
+                            self.outbox.push_back((to, welcome));
+                            return;
+                        }
+                        Step::Wait { .. } => panic!("nothing to wait for here"),
+                        Step::Close { .. } => return,
+                        Step::DataForTiebreaker => panic!("every replica here holds data"),
+                        Step::Store(message) => message,
+                    };
                 let reply = match &message {
-                    ToReplica::Hello {
-                        generation,
-                        primary,
-                    } => match replica.side.on_hello(to.0, *generation, *primary, now) {
-                        HelloOutcome::Refuse(reply) => reply,
-                        HelloOutcome::Accept { welcome, .. } => welcome,
-                        HelloOutcome::Wait { .. } => panic!("nothing to wait for here"),
-                    },
-                    ToReplica::Ping { token } => {
-                        replica.side.admit(to.0, &message, now).unwrap();
-                        FromReplica::Pong { token: *token }
-                    }
                     ToReplica::Write {
                         seq,
                         offset,
                         payload,
                         ..
                     } => {
-                        replica.side.admit(to.0, &message, now).unwrap();
                         if replica.full && matches!(payload, Payload::Data(_)) {
                             self.outbox.push_back((
                                 to,
@@ -170,10 +176,6 @@ impl World {
                             result: Ok(()),
                         }
                     }
-                    ToReplica::Goodbye => {
-                        replica.side.on_goodbye(to.0);
-                        return;
-                    }
                     ToReplica::Flush { seq } | ToReplica::Snapshot { seq, .. } => {
                         FromReplica::Ack {
                             seq: *seq,
@@ -195,7 +197,6 @@ impl World {
                         FromReplica::ReadReply { id: *id, result }
                     }
                     ToReplica::Hash { id, offset, length } => {
-                        replica.side.admit(to.0, &message, now).unwrap();
                         let hashes = (offset / 4096..(offset + length) / 4096)
                             .map(|block| {
                                 if replica.bad_blocks.contains(&block) {
@@ -210,6 +211,9 @@ impl World {
                             id: *id,
                             result: Ok(hashes),
                         }
+                    }
+                    ToReplica::Hello { .. } | ToReplica::Goodbye | ToReplica::Ping { .. } => {
+                        unreachable!("the driver answers these")
                     }
                 };
                 self.outbox.push_back((to, reply));

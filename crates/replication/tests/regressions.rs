@@ -7,6 +7,7 @@
 //! back, and a control plane whose answers each test scripts.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use trireme_replication::driver::replica::{ReplicaDriver, Step};
 use trireme_replication::primary::NO_QUORUM_FAIL_MS;
 use trireme_replication::*;
 use trireme_types::{Generation, NodeId, SnapshotId};
@@ -372,103 +373,98 @@ impl World {
     fn replica(&mut self, node: NodeId, link: LinkId, message: ToReplica) -> Vec<FromReplica> {
         let now = self.now;
         let replica = self.replicas.get_mut(&node).expect("a replica");
-        match message {
-            ToReplica::Hello {
-                generation,
-                primary,
-            } => match replica.side.on_hello(link, generation, primary, now) {
-                HelloOutcome::Refuse(reply) => vec![reply],
-                HelloOutcome::Wait { until_ms } => {
-                    self.parked.push((until_ms, node, link, message));
-                    Vec::new()
-                }
-                HelloOutcome::Accept { persist, welcome } => {
-                    if let Some(generation) = persist {
-                        replica.accepted = generation;
-                    }
-                    replica.clean = false;
-                    vec![welcome]
-                }
-            },
-            ToReplica::Goodbye => {
-                if replica.side.on_goodbye(link) {
+        let hello = matches!(message, ToReplica::Hello { .. }).then(|| message.clone());
+        // The node's own replica driver decides; this world carries it out
+        // on its in-memory copy.
+        match ReplicaDriver::new().receive(&mut replica.side, link, message, now, true) {
+            Step::Reply(reply) | Step::Refuse(reply) => vec![reply],
+            Step::Wait { until_ms } => {
+                let hello = hello.expect("only a hello waits");
+                self.parked.push((until_ms, node, link, hello));
+                Vec::new()
+            }
+            Step::Welcome { durable, welcome } => {
+                replica.accepted = durable.accepted;
+                replica.clean = durable.clean;
+                vec![welcome]
+            }
+            Step::Close { durable } => {
+                // The link's end after a goodbye matters to no test here.
+                if durable.is_some() {
                     replica.clean = true;
                 }
                 Vec::new()
             }
-            message => {
-                if let Err(refusal) = replica.side.admit(link, &message, now) {
-                    return vec![refusal];
+            Step::DataForTiebreaker => panic!("every replica here holds data"),
+            Step::Store(message) => match message {
+                ToReplica::Write {
+                    seq,
+                    offset,
+                    payload,
+                    fua,
+                    ..
+                } => {
+                    let result = if replica.io_error || replica.write_error {
+                        Err(ReplicaError::Io("device".into()))
+                    } else {
+                        let range = offset as usize..(offset + payload.length()) as usize;
+                        match &payload {
+                            Payload::Data(data) => {
+                                replica.data[range.clone()].copy_from_slice(data)
+                            }
+                            Payload::Zeroes { .. } => replica.data[range.clone()].fill(0),
+                        }
+                        if fua {
+                            let copy = replica.data[range.clone()].to_vec();
+                            replica.durable[range].copy_from_slice(&copy);
+                        }
+                        for block in offset / 4096..(offset + payload.length()) / 4096 {
+                            replica.corrupt.remove(&block);
+                        }
+                        Ok(())
+                    };
+                    vec![FromReplica::Ack { seq, result }]
                 }
-                match message {
-                    ToReplica::Ping { token } => vec![FromReplica::Pong { token }],
-                    ToReplica::Write {
-                        seq,
-                        offset,
-                        payload,
-                        fua,
-                        ..
-                    } => {
-                        let result = if replica.io_error || replica.write_error {
-                            Err(ReplicaError::Io("device".into()))
-                        } else {
-                            let range = offset as usize..(offset + payload.length()) as usize;
-                            match &payload {
-                                Payload::Data(data) => {
-                                    replica.data[range.clone()].copy_from_slice(data)
-                                }
-                                Payload::Zeroes { .. } => replica.data[range.clone()].fill(0),
-                            }
-                            if fua {
-                                let copy = replica.data[range.clone()].to_vec();
-                                replica.durable[range].copy_from_slice(&copy);
-                            }
-                            for block in offset / 4096..(offset + payload.length()) / 4096 {
-                                replica.corrupt.remove(&block);
-                            }
-                            Ok(())
-                        };
-                        vec![FromReplica::Ack { seq, result }]
-                    }
-                    ToReplica::Flush { seq } | ToReplica::Snapshot { seq, .. } => {
-                        let result = if replica.io_error {
-                            Err(ReplicaError::Io("device".into()))
-                        } else {
-                            replica.durable = replica.data.clone();
-                            Ok(())
-                        };
-                        vec![FromReplica::Ack { seq, result }]
-                    }
-                    ToReplica::Read { id, offset, length } => {
-                        let bad = (offset / 4096..(offset + length) / 4096)
-                            .find(|block| replica.corrupt.contains(block));
-                        let result = match bad {
-                            Some(block) => Err(ReplicaError::Checksum(format!("block {block}"))),
-                            None => Ok(ReadData::Data(
-                                replica.data[offset as usize..(offset + length) as usize].to_vec(),
-                            )),
-                        };
-                        vec![FromReplica::ReadReply { id, result }]
-                    }
-                    ToReplica::Hash { id, offset, length } => {
-                        let hashes = (offset / 4096..(offset + length) / 4096)
-                            .map(|block| {
-                                if replica.corrupt.contains(&block) {
-                                    BlockHash::Unreadable
-                                } else {
-                                    let at = (block * 4096) as usize;
-                                    BlockHash::Hash(fingerprint(&replica.data[at..at + 4096]))
-                                }
-                            })
-                            .collect();
-                        vec![FromReplica::HashReply {
-                            id,
-                            result: Ok(hashes),
-                        }]
-                    }
-                    ToReplica::Hello { .. } | ToReplica::Goodbye => unreachable!("handled"),
+                ToReplica::Flush { seq } | ToReplica::Snapshot { seq, .. } => {
+                    let result = if replica.io_error {
+                        Err(ReplicaError::Io("device".into()))
+                    } else {
+                        replica.durable = replica.data.clone();
+                        Ok(())
+                    };
+                    vec![FromReplica::Ack { seq, result }]
                 }
-            }
+                ToReplica::Read { id, offset, length } => {
+                    let bad = (offset / 4096..(offset + length) / 4096)
+                        .find(|block| replica.corrupt.contains(block));
+                    let result = match bad {
+                        Some(block) => Err(ReplicaError::Checksum(format!("block {block}"))),
+                        None => Ok(ReadData::Data(
+                            replica.data[offset as usize..(offset + length) as usize].to_vec(),
+                        )),
+                    };
+                    vec![FromReplica::ReadReply { id, result }]
+                }
+                ToReplica::Hash { id, offset, length } => {
+                    let hashes = (offset / 4096..(offset + length) / 4096)
+                        .map(|block| {
+                            if replica.corrupt.contains(&block) {
+                                BlockHash::Unreadable
+                            } else {
+                                let at = (block * 4096) as usize;
+                                BlockHash::Hash(fingerprint(&replica.data[at..at + 4096]))
+                            }
+                        })
+                        .collect();
+                    vec![FromReplica::HashReply {
+                        id,
+                        result: Ok(hashes),
+                    }]
+                }
+                ToReplica::Hello { .. } | ToReplica::Goodbye | ToReplica::Ping { .. } => {
+                    unreachable!("the driver answers these")
+                }
+            },
         }
     }
 
