@@ -261,6 +261,13 @@ impl ReplicaSide {
             was_primary: self.primary_at == Some(previous),
             unsettled,
         };
+        // Generations only move forward here: an older one was refused.
+        assert!(
+            generation >= self.accepted && generation > self.fenced,
+            "welcoming generation {generation} after accepting {} (fenced {})",
+            self.accepted,
+            self.fenced
+        );
         let persist = (generation > self.accepted).then_some(generation);
         if generation > self.accepted {
             // Links of older generations are fenced from now on. What they

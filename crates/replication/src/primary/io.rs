@@ -416,6 +416,15 @@ impl Primary {
         fua: bool,
     ) {
         let settled = self.settled().min(seq);
+        // The settled mark never passes a write still unacknowledged.
+        assert!(
+            self.writes
+                .keys()
+                .next()
+                .is_none_or(|&pending| settled <= pending),
+            "the settled mark {settled} passes pending write {:?}",
+            self.writes.keys().next()
+        );
         let now = self.now_ms;
         let member = self.members.get_mut(&node).expect("a member");
         let bytes = match payload {
@@ -586,6 +595,14 @@ impl Primary {
             if write.persist_token > self.persisted_through {
                 continue;
             }
+            #[cfg(feature = "bug-switches")]
+            if self.bugs.ack_before_quorum
+                && !write.acked.is_empty()
+                && matches!(write.purpose, Purpose::Client(_))
+            {
+                done.push(seq);
+                continue;
+            }
             let waiting = write.needed.iter().any(|node| {
                 !write.acked.contains(node)
                     && !write.errors.iter().any(|(n, _)| n == node)
@@ -632,6 +649,14 @@ impl Primary {
             } else {
                 Ok(())
             };
+            // The rule the engine exists for: a write completes only with
+            // its quorum (copies and repairs have their source as holder).
+            let internal = matches!(write.purpose, Purpose::Repair | Purpose::Internal);
+            assert!(
+                result.is_err() || internal || self.has_quorum(&write.acked),
+                "write {seq} completes with acknowledgements of {:?} only: no quorum",
+                write.acked
+            );
             self.end_write(&write.purpose, &write.acked, result);
         }
         self.maybe_serve();

@@ -180,9 +180,27 @@ pub struct Primary {
     /// the engine started, and every region written since): resync
     /// progress counts these, not the volume's size. `None`: unknown.
     data_regions: Option<RegionSet>,
+    #[cfg(feature = "bug-switches")]
+    bugs: EngineBugs,
+}
+
+/// Rules the engine can be told to break, to show that the simulator
+/// catches each (crates/sim's bug-switch tests). Off by default; only with
+/// the `bug-switches` feature.
+#[cfg(feature = "bug-switches")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineBugs {
+    /// A client write completes once any member holds it, before its
+    /// quorum does.
+    pub ack_before_quorum: bool,
 }
 
 impl Primary {
+    #[cfg(feature = "bug-switches")]
+    pub fn set_bugs(&mut self, bugs: EngineBugs) {
+        self.bugs = bugs;
+    }
+
     pub fn new(config: Config, now_ms: u64) -> Primary {
         let mut members = BTreeMap::new();
         for &node in &config.view.diskful {
@@ -254,6 +272,8 @@ impl Primary {
             verify_report: None,
             snapshots_wanted: VecDeque::new(),
             data_regions: None,
+            #[cfg(feature = "bug-switches")]
+            bugs: EngineBugs::default(),
         };
         let nodes: Vec<NodeId> = primary.members.keys().copied().collect();
         for node in nodes {
