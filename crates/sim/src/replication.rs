@@ -4,13 +4,18 @@
 //!
 //! [`run_replication_sim`] drives the real sans-IO machines of
 //! `trireme_replication`, a [`Primary`] engine on the primary node and a
-//! [`ReplicaSide`] on every member, with the real message codec between
-//! them and the control crate's real `ClusterState::apply` as the
-//! arbiter, over a simulated world in which every
+//! [`ReplicaSide`] on every member, through the node's own drivers
+//! (`trireme_replication::driver`: the [`ReplicaDriver`] decides what a
+//! replica does with each message, the [`PrimaryDriver`] what an engine
+//! proposes to the control plane and what the answers and the volume's
+//! record mean to it), with the real message codec between them and the
+//! control crate's real `ClusterState::apply` as the arbiter, over a
+//! simulated world in which every
 //! choice comes from the seed: a discrete-event loop with a clock in
 //! milliseconds, no threads and no real time. One seed is one history;
 //! running it again replays it exactly (same [`ReplicationSimReport`], down to
-//! the digest of every event).
+//! the digest of every event). What this file adds around the drivers is
+//! only I/O: links, disks, persists, the arbiter's delays and losses.
 //!
 //! The world:
 //!
@@ -57,16 +62,17 @@
 //! - **Control plane**: a linearizable arbiter holding a real
 //!   `trireme_control::ClusterState` (the run's nodes and the one volume,
 //!   made by the commands a cluster is made with). An engine's proposals
-//!   become the commands the node proposes for them
+//!   become commands in the node's [`PrimaryDriver`]
 //!   (`Command::MarkOutdated`/`MarkInSync` with the engine's generation and
-//!   node, attributed to that node), applied by the control crate's own
-//!   `apply`: its fencing check (the current generation, from a current
-//!   primary) answers `Stale`, its last-up-to-date rule `Refused`, mapped
-//!   as the node maps them. The leader's refusal of a replica being
-//!   evicted is simulated (`refuse_in_sync`). Answers are delayed,
-//!   sometimes `Unavailable`, sometimes lost after the commit. The engines'
-//!   [`View`] is derived from the volume's record after every command, as
-//!   the node derives it, and pushed to the running engines after a delay.
+//!   node; progress reports are dropped), attributed to that node and
+//!   applied by the control crate's own `apply`: its fencing check (the
+//!   current generation, from a current primary) and its last-up-to-date
+//!   rule refuse, and the driver maps the answer as on the node. The
+//!   leader's refusal of a replica being evicted is simulated
+//!   (`refuse_in_sync`). Answers are delayed, sometimes unavailable,
+//!   sometimes lost after the commit. After every command the running
+//!   engines are given the volume's record after a delay, through the
+//!   driver (a view, a detach or a stop, as on the node).
 //!   Attaching is `Command::AttachVolume` with `force_takeover` (or
 //!   `ReattachVolume` when the node is still a primary: its engine died
 //!   with a crash), which moves the generation on; it starts an engine with
@@ -75,12 +81,13 @@
 //!   move, the old engine fenced while it still runs). A detach is
 //!   `Command::DetachVolume`. The state's nodes always count as online:
 //!   the simulator decides when to fail over.
-//! - **Replica driver** (what the node daemon must do too): a link's
-//!   messages are handled in order; an accepted hello persists the generation
-//!   and `clean = false` before the welcome goes out; a goodbye that
-//!   `on_goodbye` approves persists `clean = true`; a refusal is sent and the
-//!   link closed. Half of the seeds also close a replica's links of older
-//!   generations (with a refusal) as soon as it accepts a newer one.
+//! - **Replica driver**: the node's [`ReplicaDriver`] handles each message
+//!   of a link, in order; the simulator carries out its [`Step`]: a
+//!   welcome only after its persist completed, a refusal then the link
+//!   closed, a goodbye's clean flag persisted, a hello that waits delivered
+//!   again when the wait is over, an admitted message to the disk. Half of
+//!   the seeds also close a replica's links of older generations (with a
+//!   refusal) as soon as it accepts a newer one.
 //! - **Clients**: on every running engine (also fenced ones still running
 //!   behind a partition), random 4 KiB-aligned writes of 1 to 16 blocks with
 //!   unique content, FUA writes, zero and trim writes, flushes and reads,
@@ -143,10 +150,15 @@
 //! engine's own assertions must hold (a panic fails the seed), and the
 //! primary never sends data to a tiebreaker.
 //!
-//! Two knobs test the checks themselves: [`ReplicationSimConfig::drop_writes`]
-//! (a replica acknowledges writes it does not apply) and
-//! [`ReplicationSimConfig::ignore_fencing`] (replicas carry out what fenced
-//! primaries send); runs with either should fail.
+//! Knobs test the checks themselves: [`ReplicationSimConfig::drop_writes`]
+//! (a replica acknowledges writes it does not apply), and the bug switches
+//! of the production code it runs (feature `bug-switches` of
+//! `trireme-replication`): [`ReplicationSimConfig::ignore_fencing`]
+//! (replicas carry out what fenced primaries send),
+//! [`ReplicationSimConfig::welcome_without_persist`],
+//! [`ReplicationSimConfig::ignore_refused_outdate`] and
+//! [`ReplicationSimConfig::ack_before_quorum`]; runs with any should fail
+//! (crates/sim/tests/replication_sim.rs shows that they do).
 //!
 //! `TRIREME_SIM_WATCH=<block>` adds that block's content to the traced disk
 //! writes, which is what a divergence usually needs.
@@ -159,14 +171,18 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use trireme_control::{
     Actor, ClusterState, Command, CommandError, NodeRegistration, PoolRecord, PoolReport,
-    ReplicaKind, ReplicaObserved, ReplicaRecord, Reply, VolumeRecord,
+    ReplicaKind, ReplicaObserved, ReplicaRecord, Reply,
+};
+use trireme_replication::driver::primary::{
+    view_of, ControlPlane, PrimaryBugs, PrimaryDriver, ProposeError,
 };
 use trireme_replication::driver::replica::{DurableSide, ReplicaBugs, ReplicaDriver, Step};
 use trireme_replication::message::MAX_FRAME_BYTES;
+use trireme_replication::primary::EngineBugs;
 use trireme_replication::{
     Action, BlockHash, ClientError, ClientRequest, Completion, Config as EngineConfig, DirtyMap,
-    FromReplica, LinkId, NoQuorumPolicy, Payload, Primary, Proposal, ProposalResult, ReadData,
-    ReplicaError, ReplicaSide, ToReplica, VerifyState, View, REGION_BYTES,
+    FromReplica, LinkId, NoQuorumPolicy, Payload, Primary, Proposal, ReadData, ReplicaError,
+    ReplicaSide, ToReplica, VerifyState, View, REGION_BYTES,
 };
 use trireme_types::{DeviceClass, Generation, NodeId, NodeName, PoolName, SnapshotId, VolumeName};
 
@@ -899,6 +915,8 @@ struct Engine {
     node: NodeId,
     generation: Generation,
     primary: Primary,
+    /// Its dealings with the control plane: the node's own driver.
+    control: PrimaryDriver,
     links: BTreeMap<NodeId, LinkId>,
     want: BTreeSet<NodeId>,
     connecting: BTreeSet<NodeId>,
@@ -1050,14 +1068,13 @@ enum Ev {
     Apply {
         engine: EngineId,
         by: NodeId,
-        generation: Generation,
         id: u64,
-        proposal: Proposal,
+        command: Command,
     },
     Answer {
         engine: EngineId,
         id: u64,
-        result: ProposalResult,
+        answer: Result<(), ProposeError>,
     },
     View {
         engine: EngineId,
@@ -1200,20 +1217,19 @@ impl Arbiter {
     }
 }
 
-/// The view an engine works with, from the volume's record (what the node
-/// derives, crates/node/src/replicated/engine/mod.rs `view_of`).
-fn view_of(record: &VolumeRecord) -> View {
-    View {
-        generation: record.generation,
-        primaries: record.primaries.iter().map(|p| p.node).collect(),
-        diskful: record.diskful().map(|r| r.node).collect(),
-        tiebreakers: record
-            .replicas
-            .iter()
-            .filter(|r| r.kind == ReplicaKind::Tiebreaker)
-            .map(|r| r.node)
-            .collect(),
-        in_sync: record.in_sync.clone(),
+/// The engine's proposals as the node's driver hands them to the control
+/// plane: collected, then sent to the arbiter as the run decides.
+#[derive(Default)]
+struct Proposals(Vec<(u64, Command, bool)>);
+
+impl ControlPlane for Proposals {
+    fn propose(&mut self, id: u64, command: Command, wants_answer: bool) {
+        self.0.push((id, command, wants_answer));
+    }
+
+    fn wall_clock_ms(&self) -> u64 {
+        // Only progress reports carry it, and the arbiter drops those.
+        0
     }
 }
 
@@ -1539,11 +1555,10 @@ impl Sim {
             Ev::Apply {
                 engine,
                 by,
-                generation,
                 id,
-                proposal,
-            } => self.arbiter_apply(engine, by, generation, id, proposal),
-            Ev::Answer { engine, id, result } => {
+                command,
+            } => self.arbiter_apply(engine, by, id, command),
+            Ev::Answer { engine, id, answer } => {
                 let Some(node) = self.engines.get(&engine).map(|e| e.node) else {
                     return;
                 };
@@ -1551,11 +1566,13 @@ impl Sim {
                     return;
                 }
                 self.log(format!(
-                    "engine {engine}: proposal {id} answered {result:?}"
+                    "engine {engine}: proposal {id} answered {answer:?}"
                 ));
                 let now = self.now;
                 let engine = self.engines.get_mut(&engine).expect("checked");
-                engine.primary.proposal_result(id, result, now);
+                engine
+                    .control
+                    .answered(&mut engine.primary, id, answer, now);
             }
             Ev::View { engine } => {
                 let Some(node) = self.engines.get(&engine).map(|e| e.node) else {
@@ -1564,15 +1581,12 @@ impl Sim {
                 if !self.reachable(node) {
                     return;
                 }
-                let view = self.arbiter.view.clone();
-                self.log(format!(
-                    "engine {engine}: view g{} in sync {:?}",
-                    view.generation,
-                    view.in_sync.iter().map(|n| n.0).collect::<Vec<_>>()
-                ));
                 let now = self.now;
-                let engine = self.engines.get_mut(&engine).expect("checked");
-                engine.primary.view(view, now);
+                let record = self.arbiter.state.volumes.get(&self.arbiter.volume);
+                let e = self.engines.get_mut(&engine).expect("checked");
+                // As the node gives an engine the volume's record.
+                let change = e.control.record(&mut e.primary, record, now);
+                self.log(format!("engine {engine}: record: {change:?}"));
             }
             Ev::Restart { node } => self.restart(node),
             Ev::Resume { node } => self.resume(node),
@@ -2081,13 +2095,21 @@ impl Sim {
             "control: attach engine {id} on node {node} at g{generation}, in sync {:?}, dirty maps {maps:?}",
             self.arbiter.view.in_sync.iter().map(|n| n.0).collect::<Vec<_>>()
         ));
-        let primary = Primary::new(config, self.now);
+        let mut primary = Primary::new(config, self.now);
+        primary.set_bugs(EngineBugs {
+            ack_before_quorum: self.cfg.ack_before_quorum,
+        });
         self.engines.insert(
             id,
             Engine {
                 node,
                 generation,
                 primary,
+                control: PrimaryDriver::new(node, self.arbiter.volume.clone()).with_bugs(
+                    PrimaryBugs {
+                        ignore_refused_outdate: self.cfg.ignore_refused_outdate,
+                    },
+                ),
                 links: BTreeMap::new(),
                 want: BTreeSet::new(),
                 connecting: BTreeSet::new(),
@@ -3615,92 +3637,75 @@ impl Sim {
         e.primary.message(member, message, now);
     }
 
+    /// The engine's proposal, through the node's driver: the command the
+    /// node proposes for it goes to the arbiter (after a delay, or is lost
+    /// when the control plane is out of reach).
     fn propose(&mut self, engine: EngineId, id: u64, proposal: Proposal) {
-        if matches!(proposal, Proposal::Progress { .. }) {
-            return;
-        }
-        let e = &self.engines[&engine];
+        let e = self.engines.get_mut(&engine).expect("checked");
         let (node, generation) = (e.node, e.generation);
-        self.log(format!(
-            "engine {engine}: propose {id} {proposal:?} at g{generation}"
-        ));
-        if !self.reachable(node) || self.chance(self.cfg.unavailable) {
-            if self.rng.gen_bool(0.5) {
-                let time = self.now + self.rng.gen_range(20..=300);
-                self.at(
-                    time,
-                    Ev::Answer {
-                        engine,
-                        id,
-                        result: ProposalResult::Unavailable,
-                    },
-                );
+        let mut proposals = Proposals::default();
+        e.control.propose(&e.primary, id, proposal, &mut proposals);
+        for (id, command, wants_answer) in proposals.0 {
+            // Progress reports change nothing the run checks; the node
+            // waits for no answer to them: the arbiter drops them.
+            if !wants_answer {
+                continue;
             }
-            return;
+            self.log(format!(
+                "engine {engine}: propose {id} {command:?} at g{generation}"
+            ));
+            if !self.reachable(node) || self.chance(self.cfg.unavailable) {
+                if self.rng.gen_bool(0.5) {
+                    let time = self.now + self.rng.gen_range(20..=300);
+                    let answer = Err(ProposeError::Unavailable("no leader".into()));
+                    self.at(time, Ev::Answer { engine, id, answer });
+                }
+                continue;
+            }
+            let time = self.now + self.rng.gen_range(2..=40);
+            self.at(
+                time,
+                Ev::Apply {
+                    engine,
+                    by: node,
+                    id,
+                    command,
+                },
+            );
         }
-        let time = self.now + self.rng.gen_range(2..=40);
-        self.at(
-            time,
-            Ev::Apply {
-                engine,
-                by: node,
-                generation,
-                id,
-                proposal,
-            },
-        );
     }
 
-    /// The node's proposal, as the command the node proposes for it
-    /// (crates/node/src/replicated/engine/driver.rs), applied by the real
-    /// `ClusterState::apply` with its fencing check; its answer mapped as
-    /// the node maps it.
-    fn arbiter_apply(
-        &mut self,
-        engine: EngineId,
-        by: NodeId,
-        generation: Generation,
-        id: u64,
-        proposal: Proposal,
-    ) {
-        let name = self.arbiter.volume.clone();
-        let command = match &proposal {
-            Proposal::MarkOutdated { node } => Command::MarkOutdated {
-                name,
-                generation,
-                node: *node,
-                by,
-            },
-            Proposal::MarkInSync { node } => Command::MarkInSync {
-                name,
-                generation,
-                node: *node,
-                by,
-            },
-            Proposal::Progress { .. } => return,
-        };
+    /// The node's command, applied by the real `ClusterState::apply` with
+    /// its fencing check; the answer goes back to the engine's driver.
+    fn arbiter_apply(&mut self, engine: EngineId, by: NodeId, id: u64, command: Command) {
         // The leader refuses to mark a replica in sync while it evicts its
         // node: a refusal the state alone does not give.
-        let evicting = match &proposal {
-            Proposal::MarkInSync { node } => {
-                generation == self.arbiter.view.generation
+        let evicting = match &command {
+            Command::MarkInSync {
+                generation, node, ..
+            } => {
+                *generation == self.arbiter.view.generation
                     && self.phase == Phase::Run
                     && !self.arbiter.view.in_sync.contains(node)
                     && self.rng.gen_bool(self.cfg.refuse_in_sync)
             }
             _ => false,
         };
+        let marks_in_sync = matches!(command, Command::MarkInSync { .. });
+        let summary = format!("{command:?}");
         let before = self.arbiter.view.in_sync.clone();
-        let result = if let (true, Proposal::MarkInSync { node }) = (evicting, &proposal) {
-            ProposalResult::Refused(format!("node {node} is being evicted"))
-        } else {
-            match self.arbiter.apply(by, self.now, command) {
-                Ok(_) => ProposalResult::Committed,
-                Err(CommandError::StaleGeneration { .. } | CommandError::NotPrimary { .. }) => {
-                    ProposalResult::Stale
-                }
-                Err(error) => ProposalResult::Refused(error.to_string()),
+        let answer = match &command {
+            Command::MarkInSync { node, .. } if evicting => {
+                Err(ProposeError::Refused(CommandError::NodeNotOnline {
+                    node: node.to_string(),
+                    state: "evicting".into(),
+                }))
             }
+            _ => self
+                .arbiter
+                .apply(by, self.now, command)
+                .map(|_| ())
+                .map_err(ProposeError::Refused),
         };
         let after = &self.arbiter.view.in_sync;
         let removed = after.len() < before.len();
@@ -3709,20 +3714,20 @@ impl Sim {
             self.report.outdated += 1;
             if self.phase == Phase::Run && self.cfg.only_full_pools() {
                 self.violate(format!(
-                    "{proposal:?} committed, yet the only faults were pools full on every replica: ENOSPC is an answer, not a replica fault"
+                    "{summary} committed, yet the only faults were pools full on every replica: ENOSPC is an answer, not a replica fault"
                 ));
             }
             if self.phase == Phase::Run && self.cfg.only_pauses() {
                 self.violate(format!(
-                    "{proposal:?} committed, yet the only fault was the primary's process stopped: time it did not run counts against no replica"
+                    "{summary} committed, yet the only fault was the primary's process stopped: time it did not run counts against no replica"
                 ));
             }
         }
-        if changed && matches!(proposal, Proposal::MarkInSync { .. }) {
+        if changed && marks_in_sync {
             self.report.joined += 1;
         }
         self.log(format!(
-            "arbiter: {proposal:?} of engine {engine} at g{generation}: {result:?}; in sync {:?}",
+            "arbiter: {summary} of engine {engine}: {answer:?}; in sync {:?}",
             self.arbiter
                 .view
                 .in_sync
@@ -3736,13 +3741,13 @@ impl Sim {
         if removed {
             self.evaluate_losses();
         }
-        let result = if self.chance(self.cfg.answer_lost) {
-            ProposalResult::Unavailable
+        let answer = if self.chance(self.cfg.answer_lost) {
+            Err(ProposeError::Unavailable("the answer was lost".into()))
         } else {
-            result
+            answer
         };
         let time = self.now + self.rng.gen_range(1..=30);
-        self.at(time, Ev::Answer { engine, id, result });
+        self.at(time, Ev::Answer { engine, id, answer });
     }
 
     /// Pushes the arbiter's view to every running engine, in order.
