@@ -345,3 +345,99 @@ fn a_primary_stopped_for_seconds_outdates_nobody() {
     eprintln!("{runs} runs: the primary stopped {pauses} times");
     assert!(pauses >= runs, "too few pauses: {pauses}");
 }
+
+/// Runs seeds `seeds` with `config` until one fails: the first failure.
+fn first_failure(
+    seeds: std::ops::Range<u64>,
+    config: impl Fn(u64) -> ReplicationSimConfig,
+) -> Option<(u64, String)> {
+    seeds.into_iter().find_map(|seed| {
+        run_replication_sim(seed, config(seed))
+            .err()
+            .map(|e| (seed, e))
+    })
+}
+
+/// The bug switches of the production drivers and engine (issue 22, item
+/// 4): each breaks one rule, and the simulator must fail within a bounded
+/// number of seeds. Each test also runs its first seeds with the switch
+/// off, which must pass: what fails is the switch, not the config.
+fn assert_switch_caught(
+    name: &str,
+    seeds: u64,
+    config: impl Fn(u64) -> ReplicationSimConfig,
+    with_switch: impl Fn(ReplicationSimConfig) -> ReplicationSimConfig,
+) {
+    let started = Instant::now();
+    if let Some((seed, error)) = first_failure(0..2, &config) {
+        panic!("seed {seed} fails with the switch off: {error}");
+    }
+    match first_failure(0..seeds, |seed| with_switch(config(seed))) {
+        Some((seed, error)) => eprintln!(
+            "{name}: seed {seed} failed after {:.1?}: {}",
+            started.elapsed(),
+            error.lines().next().unwrap_or_default()
+        ),
+        None => panic!("{name}: no seed of {seeds} failed with the switch on"),
+    }
+}
+
+#[test]
+fn a_welcome_sent_before_its_generation_is_persisted_is_caught() {
+    // A replica that forgets, at a crash, the generation it welcomed (and
+    // that a primary wrote to it since) takes a former primary back, or
+    // claims a copy intact that lost writes.
+    assert_switch_caught(
+        "welcome without persist",
+        40,
+        |seed| ReplicationSimConfig {
+            crash: 0.01,
+            failover: 0.004,
+            fence_closes_old_links: false,
+            steps: 800,
+            ..ReplicationSimConfig::for_seed(seed)
+        },
+        |config| ReplicationSimConfig {
+            welcome_without_persist: true,
+            ..config
+        },
+    );
+}
+
+#[test]
+fn an_engine_that_ignores_a_refused_mark_outdated_is_caught() {
+    // The control plane's fence: a primary it replaced (or one outdating
+    // the last up-to-date member) is refused; an engine that goes on as if
+    // the member were outdated completes writes without it.
+    assert_switch_caught(
+        "refused outdate ignored",
+        40,
+        |seed| ReplicationSimConfig {
+            failover: 0.006,
+            control_partition: 0.006,
+            partition: 0.004,
+            steps: 800,
+            ..ReplicationSimConfig::for_seed(seed)
+        },
+        |config| ReplicationSimConfig {
+            ignore_refused_outdate: true,
+            ..config
+        },
+    );
+}
+
+#[test]
+fn a_write_acknowledged_before_its_quorum_is_caught() {
+    assert_switch_caught(
+        "ack before quorum",
+        10,
+        |seed| ReplicationSimConfig {
+            steps: 400,
+            ..ReplicationSimConfig::for_seed(seed)
+        },
+        |config| ReplicationSimConfig {
+            ack_before_quorum: true,
+            ..config
+        },
+    );
+}
