@@ -20,9 +20,8 @@ use super::super::clock::Clock;
 use super::super::local::{LocalLink, LocalOutcome};
 use super::super::serve::ReplicaService;
 use super::super::wire::Frames;
-use super::remote::RemoteLink;
 use super::tasks::PersistJob;
-use super::{Core, Input, Reply};
+use super::{Core, Input, LinkSender, Reply};
 use crate::cluster::Cluster;
 
 /// Wait before reconnecting a link that failed or closed.
@@ -44,13 +43,6 @@ fn back_off(delays: &mut BTreeMap<NodeId, Duration>, node: NodeId, max: Duration
     let delay = delays.get(&node).copied().unwrap_or(RECONNECT_DELAY);
     delays.insert(node, (delay * 2).min(max));
     delay
-}
-
-/// Where a link's messages go: a peer's socket, or this node's own copy,
-/// in-process.
-pub(crate) enum LinkSender {
-    Remote(RemoteLink),
-    Local(LocalLink),
 }
 
 struct LinkSlot {

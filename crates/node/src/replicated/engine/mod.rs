@@ -51,6 +51,14 @@ use super::ReplicationMeta;
 use crate::cluster::replication_port::EnginePort;
 use crate::cluster::Cluster;
 use driver::Driver;
+
+/// Where a link's messages go: a peer's socket, or this node's own copy,
+/// in-process. (Here, not in the driver: the remote link's tasks hand
+/// their sender to the engine, and the driver holds it.)
+pub(crate) enum LinkSender {
+    Remote(remote::RemoteLink),
+    Local(super::local::LocalLink),
+}
 use trireme_replication::driver::primary::{view_of, ProposeError};
 
 /// How often the engine's clock ticks (timeouts, resync pacing, progress).
@@ -84,7 +92,7 @@ pub(crate) enum Input {
     Client(ClientRequest, Reply),
     /// Replies from a link, in the order it received them.
     Messages(NodeId, u64, Vec<FromReplica>),
-    LinkUp(NodeId, u64, driver::LinkSender),
+    LinkUp(NodeId, u64, LinkSender),
     LinkDown(NodeId, u64),
     Reconnect(NodeId, u64),
     View(Option<Box<VolumeRecord>>),

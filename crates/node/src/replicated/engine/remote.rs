@@ -17,8 +17,7 @@ use trireme_replication::FromReplica;
 use trireme_types::{NodeId, VolumeName};
 
 use super::super::wire::{push_frame, read_frame_async, Frames, LinkOpen, MAX_WRITE_SLICES};
-use super::driver::LinkSender;
-use super::{Core, Input};
+use super::{Core, Input, LinkSender};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// The reader's buffer: many acknowledgements, or one large read reply in
