@@ -21,10 +21,12 @@ const DEFAULT_SEEDS: u64 = 600;
 /// locally, through its engine, and with a tiebreaker; (3000058, 3000648,
 /// 3001260, 3001534) a crash that tore in a write made while every pool was
 /// full, so that the only up-to-date copy held a block no resync could
-/// ever copy (a fault of the simulated disk, not of trireme).
+/// ever copy (a fault of the simulated disk, not of trireme); (802931) a
+/// joining replica that applied a write the primary's full pool failed
+/// was marked in sync holding it, while the primary held the old data.
 const FOUND_SEEDS: &[u64] = &[
     105499, 112083, 113575, 115878, 209760, 1011911, 728, 849, 2033, 3000058, 3000648, 3001260,
-    3001534,
+    3001534, 802931,
 ];
 
 fn env_u64(name: &str) -> Option<u64> {

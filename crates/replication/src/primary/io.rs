@@ -5,6 +5,7 @@ use super::*;
 
 impl Primary {
     pub(super) fn on_ack(&mut self, from: NodeId, seq: u64, result: Result<(), ReplicaError>) {
+        let mut applied_failed_write = false;
         if let Some(waiting) = self.failed_in_flight.get_mut(&seq) {
             waiting.remove(&from);
             if waiting.is_empty() {
@@ -13,6 +14,7 @@ impl Primary {
             if result.is_ok() {
                 // It applied a write that failed.
                 self.pin_unsettled(seq);
+                applied_failed_write = true;
             }
         }
         let member = self.members.get_mut(&from).expect("checked");
@@ -91,10 +93,13 @@ impl Primary {
                     }
                 }
             }
-        } else if let Err(error) = result {
+        } else if result.is_err() || applied_failed_write {
             // The request was abandoned (the write failed as a whole) but
-            // this member may have applied part of it: resync it.
-            let _ = error;
+            // this member applied it, or may have applied part of it: it
+            // now differs from the source, and must not count as in sync
+            // (a joining member would be marked so at its next flush):
+            // reconnecting reconciles the write's regions, which stay
+            // unsettled.
             self.actions.push(Action::Reset { to: from });
             self.lose_link(from);
         }
