@@ -31,7 +31,7 @@ const SLOT_HEADER_BYTES: usize = 20;
 /// replay after a crash reads once); writes to others take the journal.
 pub const ACTIVE_REGIONS_MAX: usize = 1000;
 const _: () = assert!(SLOT_HEADER_BYTES + ACTIVE_REGIONS_MAX * 4 <= SLOT_BYTES as usize);
-const SLOT_MAGIC: u32 = 0x5452_4153; // "TRAS"
+pub(crate) const SLOT_MAGIC: u32 = 0x5452_4153; // "TRAS"
 
 /// The region of physical chunk `physical`.
 pub fn region_of(physical: u32) -> u32 {

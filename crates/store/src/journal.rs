@@ -17,7 +17,7 @@ pub const RECORD_ALIGN: u64 = 64;
 /// Larger writes are cut into records of at most this much data, so that a
 /// record always fits the smallest journal many times over.
 pub const RECORD_MAX_DATA_BYTES: u64 = 1 << 20;
-const RECORD_MAGIC: u32 = 0x5452_4a52; // "TRJR"
+pub(crate) const RECORD_MAGIC: u32 = 0x5452_4a52; // "TRJR"
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]

@@ -29,6 +29,23 @@ const SIGNATURES: &[Signature] = &[
         magic: &[0x52, 0x4a, 0x52, 0x54],
         what: "the journal of a deleted trireme pool (its superblock is gone)",
     },
+    // Format 3: the active set's two slots ("TRAS") come first, then the
+    // journal.
+    Signature {
+        offset: 4096,
+        magic: &[0x53, 0x41, 0x52, 0x54],
+        what: "the journal of a deleted trireme pool (its superblock is gone)",
+    },
+    Signature {
+        offset: 8192,
+        magic: &[0x53, 0x41, 0x52, 0x54],
+        what: "the journal of a deleted trireme pool (its superblock is gone)",
+    },
+    Signature {
+        offset: 12288,
+        magic: &[0x52, 0x4a, 0x52, 0x54],
+        what: "the journal of a deleted trireme pool (its superblock is gone)",
+    },
     Signature {
         offset: 1080,
         magic: &[0x53, 0xef],
@@ -341,6 +358,27 @@ fn loop_backing_files() -> Vec<(String, PathBuf)> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_deleted_pool_signatures_are_the_journal_and_active_set_magics() {
+        use crate::layout::{ACTIVE_SET_BYTES, SUPERBLOCK_BYTES};
+        let record = crate::journal::RECORD_MAGIC.to_le_bytes();
+        let slot = crate::active_set::SLOT_MAGIC.to_le_bytes();
+        let deleted: Vec<_> = SIGNATURES
+            .iter()
+            .filter(|signature| signature.what.contains("deleted trireme pool"))
+            .map(|signature| (signature.offset as u64, signature.magic))
+            .collect();
+        assert_eq!(
+            deleted,
+            vec![
+                (SUPERBLOCK_BYTES, &record[..]),
+                (SUPERBLOCK_BYTES, &slot[..]),
+                (SUPERBLOCK_BYTES + ACTIVE_SET_BYTES / 2, &slot[..]),
+                (SUPERBLOCK_BYTES + ACTIVE_SET_BYTES, &record[..]),
+            ]
+        );
+    }
+
     use super::*;
     use std::io::Write;
 
