@@ -124,24 +124,13 @@ impl Engine {
             let wanted = std::mem::take(&mut state.activation_wanted);
             let mut set = state.active_regions.clone();
             set.extend(&wanted);
-            state.active_set_generation += 1;
-            let generation = state.active_set_generation;
-            state.recent_active_sets.rotate_left(1);
-            state.recent_active_sets[2] = set.clone();
-            (generation, set, wanted)
+            (stage_active_set(&mut state, set.clone()), set, wanted)
         };
-        let result = self
-            .disk
-            .write_at(
-                &encode_slot(generation, &set),
-                slot_offset(offset, generation),
-            )
-            .and_then(|()| self.disk.sync_data());
+        let result = self.write_active_set(offset, generation, &set);
         let mut state = self.lock();
         match result {
             Ok(()) => {
-                // Durable: nothing older can come back.
-                state.recent_active_sets = [set.clone(), set.clone(), set];
+                settle_active_set(&mut state, set);
                 // Counted as used: a region is not retired at the first
                 // checkpoint after its activation, before writes came.
                 state.regions_used.extend(&wanted);
@@ -192,23 +181,14 @@ impl Engine {
                 state.active_regions.remove(region);
                 state.region_last_direct.remove(region);
             }
-            state.active_set_generation += 1;
             let set = state.active_regions.clone();
-            state.recent_active_sets.rotate_left(1);
-            state.recent_active_sets[2] = set.clone();
-            (state.active_set_generation, set)
+            (stage_active_set(&mut state, set.clone()), set)
         };
-        let result = self
-            .disk
-            .write_at(
-                &encode_slot(generation, &set),
-                slot_offset(offset, generation),
-            )
-            .and_then(|()| self.disk.sync_data());
+        let result = self.write_active_set(offset, generation, &set);
         let mut state = self.lock();
         match result {
             Ok(()) => {
-                state.recent_active_sets = [set.clone(), set.clone(), set];
+                settle_active_set(&mut state, set);
                 Ok(())
             }
             Err(error) => {
@@ -219,6 +199,21 @@ impl Engine {
                 Err(StoreError::io("writing the active set", error))
             }
         }
+    }
+
+    /// Writes `set` as generation `generation` into its slot, and flushes.
+    fn write_active_set(
+        &self,
+        offset: u64,
+        generation: u64,
+        set: &BTreeSet<u32>,
+    ) -> std::io::Result<()> {
+        self.disk
+            .write_at(
+                &encode_slot(generation, set),
+                slot_offset(offset, generation),
+            )
+            .and_then(|()| self.disk.sync_data())
     }
 
     /// Reads the durable active set: `Some(None)` when neither slot is
@@ -314,12 +309,7 @@ impl Engine {
             return Ok(());
         };
         let generation = loaded + 1;
-        self.disk
-            .write_at(
-                &encode_slot(generation, &BTreeSet::new()),
-                slot_offset(offset, generation),
-            )
-            .and_then(|()| self.disk.sync_data())
+        self.write_active_set(offset, generation, &BTreeSet::new())
             .map_err(|error| StoreError::io("writing the active set", error))?;
         let mut state = self.lock();
         state.active_set_generation = generation;
@@ -339,4 +329,19 @@ impl Engine {
         }
         regions
     }
+}
+
+/// Makes `set` the next generation of the active set, not yet durable: a
+/// crash until its slot is flushed may leave it or the sets before it
+/// (`recent_active_sets`, newest last). Returns its generation.
+fn stage_active_set(state: &mut State, set: BTreeSet<u32>) -> u64 {
+    state.active_set_generation += 1;
+    state.recent_active_sets.rotate_left(1);
+    state.recent_active_sets[2] = set;
+    state.active_set_generation
+}
+
+/// `set`'s slot is durable: nothing older can come back.
+fn settle_active_set(state: &mut State, set: BTreeSet<u32>) {
+    state.recent_active_sets = [set.clone(), set.clone(), set];
 }

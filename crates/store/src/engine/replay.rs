@@ -193,6 +193,21 @@ pub fn open_engine(
 }
 
 impl Engine {
+    /// The payload of the record at `physical` in the journal, or `None`
+    /// when it does not match its header's crc (the journal's end: a
+    /// record torn or never written).
+    fn checked_payload(
+        &self,
+        physical: u64,
+        header: &RecordHeader,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut payload = vec![0u8; header.data_bytes() as usize];
+        self.disk
+            .read_at(&mut payload, physical + HEADER_BYTES)
+            .map_err(|error| StoreError::io("reading the journal", error))?;
+        Ok((crc32c::crc32c(&payload) == header.data_crc).then_some(payload))
+    }
+
     /// A redirect replays only if its fresh chunks are free and hold the data
     /// its crcs describe (the header may have reached the disk before the
     /// data). They are then marked used at once, so that no record replayed
@@ -298,13 +313,9 @@ impl Engine {
                 RecordKind::Checksums
                     if header.block_count > 0 && header.journal_bytes() <= lap_left =>
                 {
-                    let mut payload = vec![0u8; header.data_bytes() as usize];
-                    self.disk
-                        .read_at(&mut payload, physical + HEADER_BYTES)
-                        .map_err(|error| StoreError::io("reading the journal", error))?;
-                    if crc32c::crc32c(&payload) != header.data_crc {
+                    let Some(payload) = self.checked_payload(physical, &header)? else {
                         break;
-                    }
+                    };
                     let chunks = chunks_spanned(header.first_block, header.block_count);
                     let (direct, crcs) = decode_chunks_and_crcs(&payload, chunks);
                     if direct
@@ -326,13 +337,9 @@ impl Engine {
                 RecordKind::Redirect
                     if header.block_count > 0 && header.journal_bytes() <= lap_left =>
                 {
-                    let mut payload = vec![0u8; header.data_bytes() as usize];
-                    self.disk
-                        .read_at(&mut payload, physical + HEADER_BYTES)
-                        .map_err(|error| StoreError::io("reading the journal", error))?;
-                    if crc32c::crc32c(&payload) != header.data_crc {
+                    let Some(payload) = self.checked_payload(physical, &header)? else {
                         break;
-                    }
+                    };
                     let (fresh_chunks, crcs) =
                         decode_redirect_payload(&payload, header.block_count);
                     if !self.fresh_chunks_hold(&mut state, &fresh_chunks, &crcs)? {
