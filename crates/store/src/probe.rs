@@ -18,6 +18,9 @@ struct Signature {
     what: &'static str,
 }
 
+/// What `pool delete` leaves on a device or file it did not create.
+const DELETED_POOL: &str = "the journal of a deleted trireme pool (its superblock is gone)";
+
 /// Checked in this order; a name more precise than "a DOS partition
 /// table" (whose 0x55aa FAT and NTFS boot sectors also carry) comes first.
 const SIGNATURES: &[Signature] = &[
@@ -27,24 +30,24 @@ const SIGNATURES: &[Signature] = &[
     Signature {
         offset: 4096,
         magic: &[0x52, 0x4a, 0x52, 0x54],
-        what: "the journal of a deleted trireme pool (its superblock is gone)",
+        what: DELETED_POOL,
     },
     // Format 3: the active set's two slots ("TRAS") come first, then the
     // journal.
     Signature {
         offset: 4096,
         magic: &[0x53, 0x41, 0x52, 0x54],
-        what: "the journal of a deleted trireme pool (its superblock is gone)",
+        what: DELETED_POOL,
     },
     Signature {
         offset: 8192,
         magic: &[0x53, 0x41, 0x52, 0x54],
-        what: "the journal of a deleted trireme pool (its superblock is gone)",
+        what: DELETED_POOL,
     },
     Signature {
         offset: 12288,
         magic: &[0x52, 0x4a, 0x52, 0x54],
-        what: "the journal of a deleted trireme pool (its superblock is gone)",
+        what: DELETED_POOL,
     },
     Signature {
         offset: 1080,
@@ -365,7 +368,7 @@ mod tests {
         let slot = crate::active_set::SLOT_MAGIC.to_le_bytes();
         let deleted: Vec<_> = SIGNATURES
             .iter()
-            .filter(|signature| signature.what.contains("deleted trireme pool"))
+            .filter(|signature| signature.what == DELETED_POOL)
             .map(|signature| (signature.offset as u64, signature.magic))
             .collect();
         assert_eq!(
