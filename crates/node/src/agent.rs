@@ -59,16 +59,6 @@ pub async fn run(
     }
 }
 
-async fn blocking<T: Send + 'static>(
-    node: &Arc<Node>,
-    work: impl FnOnce(&Node) -> Result<T, NodeError> + Send + 'static,
-) -> Result<T, NodeError> {
-    let node = node.clone();
-    tokio::task::spawn_blocking(move || work(&node))
-        .await
-        .map_err(|error| NodeError::Internal(error.to_string()))?
-}
-
 pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), NodeError> {
     let me = cluster.node_id();
     let (mine, known, recorded_pools): (
@@ -101,7 +91,7 @@ pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), N
             state.nodes[&me].pools.clone(),
         )
     };
-    let local = blocking(node, |node| node.volumes()).await?;
+    let local = node.blocking(|node| node.volumes()).await?;
     let local_by_name: BTreeMap<VolumeName, trireme_store::VolumeInfo> = local
         .into_iter()
         .map(|info| (info.name.clone(), info))
@@ -113,7 +103,7 @@ pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), N
         if volume.deleting {
             if existing.is_some() {
                 let name = volume.name.clone();
-                blocking(node, move |node| node.delete_volume(&name)).await?;
+                node.blocking(move |node| node.delete_volume(&name)).await?;
             }
             cluster
                 .write(Command::ReplicaRemoved {
@@ -129,7 +119,8 @@ pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), N
             Some(info) if info.size_bytes >= volume.size_bytes => Ok(info.clone()),
             Some(_) => {
                 let (name, size) = (volume.name.clone(), volume.size_bytes);
-                blocking(node, move |node| node.grow_volume(&name, size)).await
+                node.blocking(move |node| node.grow_volume(&name, size))
+                    .await
             }
             None => match volume
                 .origin
@@ -141,18 +132,14 @@ pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), N
                 Some(origin) => {
                     let (name, source, snapshot) =
                         (volume.name.clone(), origin.volume.clone(), origin.snapshot);
-                    blocking(node, move |node| {
-                        node.clone_volume(&source, snapshot, &name)
-                    })
-                    .await
+                    node.blocking(move |node| node.clone_volume(&source, snapshot, &name))
+                        .await
                 }
                 None => {
                     let (name, size, pool) =
                         (volume.name.clone(), volume.size_bytes, replica.pool.clone());
-                    blocking(node, move |node| {
-                        node.create_volume(&name, size, pool.as_ref())
-                    })
-                    .await
+                    node.blocking(move |node| node.create_volume(&name, size, pool.as_ref()))
+                        .await
                 }
             },
         };
@@ -233,7 +220,7 @@ pub async fn report_pools(
     recorded_pools: &BTreeMap<PoolName, PoolRecord>,
 ) -> Result<(), NodeError> {
     let me = cluster.node_id();
-    let pools = blocking(node, |node| node.pools()).await?;
+    let pools = node.blocking(|node| node.pools()).await?;
     let reports: Vec<PoolReport> = pools.iter().map(pool_report).collect();
     let changed = reports.len() != recorded_pools.len()
         || reports

@@ -104,6 +104,18 @@ fn lock_data_dir(data_dir: &Path) -> Result<std::fs::File, NodeError> {
 }
 
 impl Node {
+    /// Runs `work` on tokio's blocking pool, from async code: the store's
+    /// calls wait on the device.
+    pub async fn blocking<T: Send + 'static>(
+        self: &Arc<Self>,
+        work: impl FnOnce(&Node) -> Result<T, NodeError> + Send + 'static,
+    ) -> Result<T, NodeError> {
+        let node = self.clone();
+        tokio::task::spawn_blocking(move || work(&node))
+            .await
+            .map_err(|error| NodeError::Internal(error.to_string()))?
+    }
+
     /// Opens the data directory (creating it on first start) and every pool
     /// in its catalog. A pool that fails to open is kept as offline.
     pub fn open(data_dir: &Path) -> Result<Node, NodeError> {

@@ -23,7 +23,7 @@ use trireme_types::{NodeId, SnapshotId, VolumeName};
 
 use super::Replication;
 use crate::cluster::Cluster;
-use crate::{Node, NodeError};
+use crate::NodeError;
 
 /// Snapshot space is reported again when a number moved by more than this
 /// share of itself (1/64), or by 64 MiB, whichever is less; to or from zero
@@ -46,16 +46,6 @@ fn space_moved(recorded_bytes: u64, measured_bytes: u64) -> bool {
     let threshold =
         (recorded_bytes.max(measured_bytes) / SPACE_REPORT_SHARE).min(SPACE_REPORT_BYTES);
     recorded_bytes.abs_diff(measured_bytes) > threshold
-}
-
-async fn blocking<T: Send + 'static>(
-    node: &Arc<Node>,
-    work: impl FnOnce(&Node) -> Result<T, NodeError> + Send + 'static,
-) -> Result<T, NodeError> {
-    let node = node.clone();
-    tokio::task::spawn_blocking(move || work(&node))
-        .await
-        .map_err(|error| NodeError::Internal(error.to_string()))?
 }
 
 async fn write(cluster: &Cluster, command: Command) -> Result<(), NodeError> {
@@ -203,7 +193,9 @@ impl Replication {
             }
             SnapshotState::Deleting if snapshot.nodes.contains(&me) => {
                 let (name, id) = (volume.name.clone(), snapshot.id);
-                blocking(&self.node, move |node| node.delete_snapshot(&name, id)).await?;
+                self.node
+                    .blocking(move |node| node.delete_snapshot(&name, id))
+                    .await?;
                 write(
                     cluster,
                     Command::SnapshotRemoved {
@@ -318,13 +310,18 @@ impl Replication {
         next_snapshot_id: u64,
     ) -> Result<(), NodeError> {
         let name = volume.name.clone();
-        let local = blocking(&self.node, move |node| node.snapshots(&name)).await?;
+        let local = self
+            .node
+            .blocking(move |node| node.snapshots(&name))
+            .await?;
         let recorded: BTreeSet<SnapshotId> = volume.snapshots.iter().map(|s| s.id).collect();
         for snapshot in local {
             if snapshot.id.0 < next_snapshot_id && !recorded.contains(&snapshot.id) {
                 tracing::info!(volume = %volume.name, snapshot = %snapshot.id, "removing a snapshot copy the cluster does not record");
                 let (name, id) = (volume.name.clone(), snapshot.id);
-                blocking(&self.node, move |node| node.delete_snapshot(&name, id)).await?;
+                self.node
+                    .blocking(move |node| node.delete_snapshot(&name, id))
+                    .await?;
             }
         }
         Ok(())
@@ -347,7 +344,10 @@ impl Replication {
             return Ok(());
         }
         let name = volume.name.clone();
-        let local = blocking(&self.node, move |node| node.snapshots(&name)).await?;
+        let local = self
+            .node
+            .blocking(move |node| node.snapshots(&name))
+            .await?;
         let spaces: Vec<(SnapshotId, u64, u64)> = local
             .iter()
             .filter_map(|info| {
