@@ -20,12 +20,11 @@
 //! "failed to set MSR 0x10a") or prints nothing in two minutes.
 
 mod common;
-#[path = "qemu_guest/kernel_package.rs"]
-mod kernel_package;
+#[path = "qemu_guest/image.rs"]
+mod image;
 
 use common::*;
-use kernel_package::kernel_package;
-use std::path::{Path, PathBuf};
+use image::GuestImage;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -34,19 +33,6 @@ use std::time::{Duration, Instant};
 const GUEST_TIMEOUT: Duration = Duration::from_secs(240);
 /// The guest's disk, holding the node's data directory and its pool.
 const DATA_DISK_BYTES: u64 = 2 << 30;
-
-fn guest_sources() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/qemu_guest")
-}
-
-struct GuestImage {
-    vmlinuz: PathBuf,
-    initramfs: PathBuf,
-}
-
-fn modified(path: &Path) -> Option<std::time::SystemTime> {
-    std::fs::metadata(path).ok()?.modified().ok()
-}
 
 /// Assembles the guest once per kernel package, again when its sources or
 /// the trireme binary are newer than it.
@@ -64,41 +50,11 @@ fn guest_image() -> Result<GuestImage, String> {
     ]) {
         return Err(missing);
     }
-    let package = kernel_package()?;
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("qemu-guest-kernel-nbd")
-        .join(&package);
-    let image = GuestImage {
-        vmlinuz: cache.join("vmlinuz"),
-        initramfs: cache.join("initramfs.cpio.gz"),
-    };
-    let sources = [
-        guest_sources().join("assemble.sh"),
-        guest_sources().join("kernel_nbd.sh"),
-        PathBuf::from(trireme_bin()),
-    ];
-    let newest_source = sources.iter().filter_map(|path| modified(path)).max();
-    let built = modified(&image.initramfs);
-    if image.vmlinuz.exists() && built.is_some() && built >= newest_source {
-        return Ok(image);
-    }
-    let _ = std::fs::remove_dir_all(&cache);
-    let started = Instant::now();
-    let out = exec(
-        cmd("sh", &[guest_sources().join("assemble.sh")])
-            .arg(&package)
-            .arg(&cache)
-            .arg(trireme_bin()),
-        Duration::from_secs(600),
-    );
-    if !out.success() {
-        return Err(out.describe("assembling the kernel nbd guest (tests/qemu_guest/assemble.sh)"));
-    }
-    eprintln!(
-        "assembled the kernel nbd guest from {package} in {:?}",
-        started.elapsed()
-    );
-    Ok(image)
+    image::assemble(
+        "qemu-guest-kernel-nbd",
+        &["assemble.sh", "kernel_nbd.sh"],
+        Some(trireme_bin()),
+    )
 }
 
 #[test]

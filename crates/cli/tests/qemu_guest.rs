@@ -23,12 +23,12 @@
 //! synced among them.
 
 mod common;
-#[path = "qemu_guest/kernel_package.rs"]
-mod kernel_package;
+#[path = "qemu_guest/image.rs"]
+mod image;
 
 use common::replicated::*;
 use common::*;
-use kernel_package::kernel_package;
+use image::GuestImage;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -47,10 +47,6 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 fn one_at_a_time() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn guest_sources() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/qemu_guest")
 }
 
 fn plugin_dir() -> PathBuf {
@@ -141,16 +137,8 @@ enum Disk {
     Drive(String),
 }
 
-/// The kernel and initramfs of the guest.
-struct GuestImage {
-    vmlinuz: PathBuf,
-    initramfs: PathBuf,
-}
-
 /// Assembles (once, cached under target/tmp) the guest, or says why not.
 fn guest_image() -> Result<GuestImage, String> {
-    static ASSEMBLING: Mutex<()> = Mutex::new(());
-    let _one = ASSEMBLING.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(missing) = missing_tools(&[
         "qemu-system-x86_64",
         "busybox",
@@ -167,46 +155,7 @@ fn guest_image() -> Result<GuestImage, String> {
     ]) {
         return Err(missing);
     }
-    let package = kernel_package()?;
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("qemu-guest")
-        .join(&package);
-    let image = GuestImage {
-        vmlinuz: cache.join("vmlinuz"),
-        initramfs: cache.join("initramfs.cpio.gz"),
-    };
-    // The cache is only as new as the guest's sources.
-    let newest_source = ["assemble.sh", "init.sh"]
-        .iter()
-        .filter_map(|f| {
-            std::fs::metadata(guest_sources().join(f))
-                .ok()?
-                .modified()
-                .ok()
-        })
-        .max();
-    let built = std::fs::metadata(&image.initramfs)
-        .and_then(|m| m.modified())
-        .ok();
-    if image.vmlinuz.exists() && built.is_some() && built >= newest_source {
-        return Ok(image);
-    }
-    let _ = std::fs::remove_dir_all(&cache);
-    let started = Instant::now();
-    let out = exec(
-        cmd("sh", &[guest_sources().join("assemble.sh")])
-            .arg(&package)
-            .arg(&cache),
-        Duration::from_secs(600),
-    );
-    if !out.success() {
-        return Err(out.describe("assembling the guest (tests/qemu_guest/assemble.sh)"));
-    }
-    eprintln!(
-        "assembled the guest from {package} in {:?}",
-        started.elapsed()
-    );
-    Ok(image)
+    image::assemble("qemu-guest", &["assemble.sh", "init.sh"], None)
 }
 
 /// The guest, or a skip (a failure in CI) saying what is missing.
