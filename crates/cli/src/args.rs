@@ -460,6 +460,20 @@ pub struct RunArgs {
     /// object a line) for log shippers. RUST_LOG chooses what is logged.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Kernel `nbd` devices (hosts with the module; see docs/kubernetes.md):
+    /// seconds one request may go unanswered before the kernel takes the
+    /// connection for dead and sends the request again on a new one (the
+    /// daemon reconnects). 1 to 3600. Applied to new devices, and to
+    /// existing ones when the daemon starts.
+    #[arg(long, value_name = "SECONDS", default_value = "10",
+        value_parser = trireme_node::local_device::parse_request_timeout)]
+    pub kernel_nbd_request_timeout: std::time::Duration,
+    /// Kernel `nbd` devices: seconds I/O waits for a new connection (the
+    /// daemon restarting) before the kernel fails it with EIO. 1 to 86400.
+    /// Applied to new devices, and to existing ones when the daemon starts.
+    #[arg(long, value_name = "SECONDS", default_value = "120",
+        value_parser = trireme_node::local_device::parse_dead_connection_timeout)]
+    pub kernel_nbd_dead_connection_timeout: std::time::Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -1644,6 +1658,59 @@ mod tests {
         assert!(run.nbd_listen.ip().is_loopback());
         assert_eq!(run.api_listen.port(), 7450);
         assert_eq!(run.nbd_socket, None);
+        assert_eq!(
+            run.kernel_nbd_request_timeout,
+            trireme_node::local_device::REQUEST_TIMEOUT
+        );
+        assert_eq!(
+            run.kernel_nbd_dead_connection_timeout,
+            trireme_node::local_device::DEAD_CONNECTION_TIMEOUT
+        );
+    }
+
+    #[test]
+    fn kernel_nbd_timeouts_are_read_and_bad_ones_refused_naming_the_flag() {
+        let run = |extra: &[&str]| {
+            let mut args = vec!["node", "run"];
+            args.extend_from_slice(extra);
+            parse(&args)
+        };
+        let cli = run(&[
+            "--kernel-nbd-request-timeout",
+            "30",
+            "--kernel-nbd-dead-connection-timeout",
+            "600s",
+        ])
+        .unwrap();
+        let Command::Node(NodeCommand::Run(parsed)) = cli.command else {
+            panic!("wrong command");
+        };
+        assert_eq!(parsed.kernel_nbd_request_timeout.as_secs(), 30);
+        assert_eq!(parsed.kernel_nbd_dead_connection_timeout.as_secs(), 600);
+        for (flag, value, says) in [
+            ("--kernel-nbd-request-timeout", "0", "for ever"),
+            (
+                "--kernel-nbd-request-timeout",
+                "99999",
+                "longer than the 3600 s",
+            ),
+            (
+                "--kernel-nbd-dead-connection-timeout",
+                "0",
+                "even for a restart",
+            ),
+            (
+                "--kernel-nbd-dead-connection-timeout",
+                "2m",
+                "not a number of seconds",
+            ),
+        ] {
+            let error = run(&[flag, value]).unwrap_err().to_string();
+            assert!(
+                error.contains(flag) && error.contains(says),
+                "{flag} {value}: {error}"
+            );
+        }
     }
 
     #[test]

@@ -9,7 +9,12 @@
 //! writer writes synced files, then stops it (SIGSTOP) for longer than the
 //! kernel's request timeout, so that the kernel gives the connection up
 //! and the continued daemon must reconnect on the kernel's LINK_DEAD
-//! event. It checks that the writer did not fail (its I/O paused until
+//! event. Then the volume grows over the REST API while the ext4 is
+//! mounted and the writer writes: the daemon, following the cluster
+//! state, gives the device the new size (NBD_CMD_RECONFIGURE) on its live
+//! connection, /sys/block/nbdN/size shows it, a read past the old end
+//! succeeds, and resize2fs grows the mounted ext4 (df shows it).
+//! It checks that the writer did not fail (its I/O paused until
 //! the daemon reconnected the device, both times), that every file
 //! written before and during reads back from the device with its checksum
 //! after e2fsck, and that DELETE releases the device; the host asserts
@@ -47,6 +52,7 @@ fn guest_image() -> Result<GuestImage, String> {
         "ldd",
         "mkfs.ext4",
         "e2fsck",
+        "resize2fs",
     ]) {
         return Err(missing);
     }
@@ -145,6 +151,25 @@ fn io_pauses_while_the_daemon_restarts_and_the_data_reads_back() {
         marks
             .iter()
             .any(|mark| mark.starts_with("DEVICE /dev/nbd") && mark.ends_with("kind=kernel-nbd")),
+        "{marks:?}"
+    );
+    // The device grew by 128 MiB in place, and the ext4 on it.
+    let grew = marks
+        .iter()
+        .find_map(|mark| mark.strip_prefix("GREW "))
+        .unwrap_or_else(|| panic!("no GREW mark: {marks:?}"));
+    let sizes: Vec<u64> = grew
+        .split_whitespace()
+        .filter_map(|word| word.parse().ok())
+        .collect();
+    assert!(
+        matches!(sizes.as_slice(), [from, to] if *to == from + (128 << 20)),
+        "{grew}"
+    );
+    assert!(
+        marks
+            .iter()
+            .any(|mark| mark.starts_with("RESIZED ext4 online")),
         "{marks:?}"
     );
     assert!(

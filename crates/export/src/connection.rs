@@ -249,9 +249,28 @@ impl Session {
         }
     }
 
+    /// A request the handshake's size refused, checked again against the
+    /// export's size now: a volume grows while clients stay connected (a
+    /// kernel `nbd` device is told its new size and sends requests up to
+    /// it on the connection it has). None when the export did not grow.
+    /// Volumes never shrink, so what the handshake allowed stays allowed.
+    fn validate_grown(&self, request: &Request) -> Option<Result<(), ErrorCode>> {
+        let size_bytes = self.context.target.size_bytes();
+        if size_bytes <= self.negotiated.export.size_bytes {
+            return None;
+        }
+        let mut grown = self.negotiated.clone();
+        grown.export.size_bytes = size_bytes;
+        Some(validate_request(request, &grown))
+    }
+
     /// Validates, waits for permits, then runs the request on a blocking thread.
     async fn submit(&self, request: Request) {
-        if let Err(code) = validate_request(&request, &self.negotiated) {
+        let checked = match validate_request(&request, &self.negotiated) {
+            Err(code) => self.validate_grown(&request).unwrap_or(Err(code)),
+            fine => fine,
+        };
+        if let Err(code) = checked {
             self.reject(request.cookie, code, "request rejected by the server")
                 .await;
             return;

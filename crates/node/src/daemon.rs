@@ -55,6 +55,8 @@ pub struct DaemonConfig {
     /// IP on a port the system picks (announced through the cluster state).
     pub data_listen: Option<SocketAddr>,
     pub demo: bool,
+    /// The timeouts of the kernel `nbd` devices this node makes.
+    pub kernel_nbd_timeouts: crate::local_device::KernelNbdTimeouts,
 }
 
 /// Runs the node until SIGTERM or SIGINT.
@@ -166,18 +168,21 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
             }
         }
     };
+    let devices = Arc::new(crate::local_device::LocalDevices::new(
+        &config.data_dir,
+        nbd_socket_path
+            .clone()
+            .unwrap_or_else(|| config.data_dir.join(DEFAULT_NBD_SOCKET_FILE)),
+        config.kernel_nbd_timeouts,
+    ));
+    devices.follow_volume_sizes(cluster.clone());
     let router = api::router(ApiState {
         node: node.clone(),
         addresses: Arc::new(addresses.clone()),
         cluster: cluster.clone(),
         replication: replication.clone(),
         metrics: metrics.clone(),
-        devices: Arc::new(crate::local_device::LocalDevices::new(
-            &config.data_dir,
-            nbd_socket_path
-                .clone()
-                .unwrap_or_else(|| config.data_dir.join(DEFAULT_NBD_SOCKET_FILE)),
-        )),
+        devices,
     });
     let api_server = axum::serve(
         api_listener,

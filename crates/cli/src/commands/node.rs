@@ -252,6 +252,10 @@ fn run_daemon(arguments: RunArgs) -> Result<()> {
         nbd_socket: arguments.nbd_socket,
         data_listen: arguments.data_listen,
         demo: arguments.demo,
+        kernel_nbd_timeouts: trireme_node::local_device::KernelNbdTimeouts {
+            request: arguments.kernel_nbd_request_timeout,
+            dead_connection: arguments.kernel_nbd_dead_connection_timeout,
+        },
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(trireme_node::run(config))?;

@@ -8,8 +8,8 @@
 # from each module's own "depends=" since the package carries no
 # modules.dep before depmod runs on install) and init.sh as /init.
 # With TRIREME_BINARY (tests/kernel_nbd.rs) the guest is the kernel nbd
-# one instead: the nbd module too, that trireme binary, mkfs.ext4 and
-# e2fsck, each with the shared libraries ldd lists, and kernel_nbd.sh as
+# one instead: the nbd module too, that trireme binary, mkfs.ext4, e2fsck
+# and resize2fs, each with the shared libraries ldd lists, and kernel_nbd.sh as
 # /init.
 # Usage: assemble.sh KERNEL_PACKAGE OUT [TRIREME_BINARY]
 set -eu
@@ -70,6 +70,7 @@ if [ -n "$trireme" ]; then
     strip "$root/bin/trireme" 2>/dev/null || true
     copy_with_libraries "$(command -v mkfs.ext4)" /sbin/mkfs.ext4
     copy_with_libraries "$(command -v e2fsck)" /sbin/e2fsck
+    copy_with_libraries "$(command -v resize2fs)" /sbin/resize2fs
     mkdir -p $root/etc
     if [ -f /etc/mke2fs.conf ]; then cp /etc/mke2fs.conf $root/etc/; fi
 fi

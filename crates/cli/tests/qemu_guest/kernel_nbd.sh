@@ -6,7 +6,9 @@
 # system on that device; then the daemon is stopped (SIGSTOP) for longer
 # than the kernel's request timeout, so the kernel gives the connection up
 # and the daemon, continued, must reconnect on the kernel's LINK_DEAD
-# event. Every line the test reads starts with "TRIREME " on the serial
+# event. Then the volume grows over the REST API, the daemon grows the
+# device in place and resize2fs grows the mounted ext4, the writer still
+# writing. Every line the test reads starts with "TRIREME " on the serial
 # console; the last is "RESULT ok" or "RESULT fail: why".
 /bin/busybox --install -s /bin
 export PATH=/sbin:/bin
@@ -136,6 +138,36 @@ say "CONTINUED at file $(written)"
 wait_for_files $(($(written) + 5))
 reconnects=$(grep -c "fresh connection" /data/node.log)
 [ "$reconnects" -ge 2 ] || fail "the continued node did not reconnect the device ($reconnects reconnects)"
+
+# Online growth: the volume grows over the REST API while its ext4 is
+# mounted and the writer writes. Nothing else is asked of the daemon: it
+# follows the cluster state and gives the device the new size itself
+# (NBD_CMD_RECONFIGURE), on the connection it has, which was negotiated
+# at the old size. Then resize2fs grows the mounted ext4.
+nbd=${device#/dev/}
+device_bytes() { echo $(($(cat /sys/block/$nbd/size) * 512)); }
+old_bytes=$(device_bytes)
+new_bytes=$((old_bytes + 128 * 1024 * 1024))
+answer=$(request POST /api/v1/volumes/vol/grow "{\"size_bytes\":$new_bytes}")
+case "$answer" in *" 200"*) ;; *) fail "growing the volume: $answer" ;; esac
+i=0
+until [ "$(device_bytes)" -eq $new_bytes ]; do
+    i=$((i + 1))
+    [ $i -lt 200 ] || fail "/sys/block/$nbd/size shows $(device_bytes) bytes 20 s after the volume grew to $new_bytes"
+    sleep 0.1
+done
+say "GREW $device from $old_bytes to $(device_bytes) bytes"
+# The last block, past the old end, straight from the device.
+dd if="$device" of=/dev/null bs=4096 skip=$((new_bytes / 4096 - 1)) count=1 iflag=direct \
+    2>/tmp/dd.err || fail "reading past the old end: $(cat /tmp/dd.err)"
+df_kib() { df -k /mnt | awk 'NR == 2 { print $2 }'; }
+df_before=$(df_kib)
+resize2fs "$device" >/tmp/resize.log 2>&1 || fail "resize2fs online: $(tail -n 5 /tmp/resize.log)"
+df_after=$(df_kib)
+say "RESIZED ext4 online from $df_before to $df_after KiB at file $(written)"
+[ "$df_after" -gt $((df_before + 100 * 1024)) ] ||
+    fail "df shows $df_after KiB after resize2fs (before: $df_before KiB)"
+wait_for_files $(($(written) + 3))
 touch /tmp/writer.stop
 i=0
 while kill -0 $writer_pid 2>/dev/null; do

@@ -122,7 +122,7 @@ fn not_served_here(state: &ClusterState, volume: &VolumeRecord, me: NodeId) -> A
     params(("name" = String, Path, description = "Volume name")),
     request_body = DeviceRequest,
     responses(
-        (status = 200, description = "The volume's block device on this node's host (made now or before)", body = DeviceResponse),
+        (status = 200, description = "The volume's block device on this node's host (made now or before; a kernel nbd device made before is first grown to the size this node serves, if the volume grew)", body = DeviceResponse),
         (status = 400, description = "A bad volume name or body", body = ErrorBody),
         (status = 404, description = "No such volume", body = ErrorBody),
         (status = 409, description = "The request reached another node, or this node does not serve the volume (not attached here)", body = ErrorBody)))]

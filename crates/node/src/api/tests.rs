@@ -43,6 +43,7 @@ async fn test_node() -> TestNode {
     let devices = Arc::new(crate::local_device::LocalDevices::new(
         directory.path(),
         directory.path().join("nbd.sock"),
+        Default::default(),
     ));
     let router = router(ApiState {
         node,

@@ -20,13 +20,23 @@ use super::nbd_client::{self, HandshakeError};
 use super::nbd_netlink::{self, ConnectSettings, NetlinkError};
 
 /// How long I/O waits for a new connection after the old one died (a
-/// daemon restart) before the kernel fails it. Long enough for a restart
-/// under a service manager (stop, start, open the pools, serve again).
+/// daemon restart) before the kernel fails it, unless the node is told
+/// otherwise. Long enough for a restart under a service manager (stop,
+/// start, open the pools, serve again).
 pub const DEAD_CONNECTION_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long one request may go unanswered on a connection before the
 /// kernel takes the connection for dead and resends the request on the
-/// next one. Requests in flight when the daemon died wait this long.
+/// next one, unless the node is told otherwise. Requests in flight when
+/// the daemon died wait this long.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The request timeouts a node accepts, in seconds. Not 0: the kernel
+/// would then never give a connection up, and a request the daemon lost
+/// would hang for good. At most an hour: a longer wait is a hang.
+pub const REQUEST_TIMEOUT_SECONDS: std::ops::RangeInclusive<u64> = 1..=3600;
+/// The dead-connection timeouts a node accepts, in seconds. Not 0: I/O
+/// would then fail the moment the daemon stops, even for a restart. At
+/// most a day: I/O that waits longer for a daemon serves nobody.
+pub const DEAD_CONNECTION_TIMEOUT_SECONDS: std::ops::RangeInclusive<u64> = 1..=86_400;
 /// How long an attach waits for the daemon to serve a just-attached volume.
 pub const SERVED_WAIT: Duration = Duration::from_secs(20);
 /// How long a restarted daemon keeps trying to reconnect a device whose
@@ -37,6 +47,90 @@ const RECORD_FILE: &str = "kernel-nbd";
 /// The kernel's answer to RECONFIGURE when no connection of the device is
 /// dead (some kernels swallow it and answer 0).
 const ENOSPC: i32 = 28;
+
+/// The timeouts the kernel is given for each device: at CONNECT, and
+/// again at every reconnect, so that a daemon restarted with other values
+/// applies them to the devices an earlier run made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelNbdTimeouts {
+    /// See [`REQUEST_TIMEOUT`].
+    pub request: Duration,
+    /// See [`DEAD_CONNECTION_TIMEOUT`].
+    pub dead_connection: Duration,
+}
+
+impl Default for KernelNbdTimeouts {
+    fn default() -> Self {
+        KernelNbdTimeouts {
+            request: REQUEST_TIMEOUT,
+            dead_connection: DEAD_CONNECTION_TIMEOUT,
+        }
+    }
+}
+
+/// A timeout outside what a node accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimeoutError {
+    #[error("'{0}' is not a number of seconds (e.g. 10)")]
+    NotSeconds(String),
+    #[error(
+        "a request timeout of 0 s would let the kernel wait for a lost request for ever; \
+         give {min} to {max} seconds (default {default})",
+        min = REQUEST_TIMEOUT_SECONDS.start(),
+        max = REQUEST_TIMEOUT_SECONDS.end(),
+        default = REQUEST_TIMEOUT.as_secs()
+    )]
+    RequestZero,
+    #[error(
+        "a request timeout of {0} s is longer than the {max} s a node accepts (default {default})",
+        max = REQUEST_TIMEOUT_SECONDS.end(),
+        default = REQUEST_TIMEOUT.as_secs()
+    )]
+    RequestTooLong(u64),
+    #[error(
+        "a dead-connection timeout of 0 s would fail all I/O the moment the daemon stops, \
+         even for a restart; give {min} to {max} seconds (default {default})",
+        min = DEAD_CONNECTION_TIMEOUT_SECONDS.start(),
+        max = DEAD_CONNECTION_TIMEOUT_SECONDS.end(),
+        default = DEAD_CONNECTION_TIMEOUT.as_secs()
+    )]
+    DeadConnectionZero,
+    #[error(
+        "a dead-connection timeout of {0} s is longer than the {max} s (a day) a node accepts \
+         (default {default})",
+        max = DEAD_CONNECTION_TIMEOUT_SECONDS.end(),
+        default = DEAD_CONNECTION_TIMEOUT.as_secs()
+    )]
+    DeadConnectionTooLong(u64),
+}
+
+fn seconds(text: &str) -> Result<u64, TimeoutError> {
+    let number = text.trim();
+    let number = number.strip_suffix('s').unwrap_or(number);
+    number
+        .parse()
+        .map_err(|_| TimeoutError::NotSeconds(text.to_string()))
+}
+
+/// A request timeout in seconds (`10`, or `10s`).
+pub fn parse_request_timeout(text: &str) -> Result<Duration, TimeoutError> {
+    match seconds(text)? {
+        0 => Err(TimeoutError::RequestZero),
+        long if !REQUEST_TIMEOUT_SECONDS.contains(&long) => Err(TimeoutError::RequestTooLong(long)),
+        fine => Ok(Duration::from_secs(fine)),
+    }
+}
+
+/// A dead-connection timeout in seconds (`120`, or `120s`).
+pub fn parse_dead_connection_timeout(text: &str) -> Result<Duration, TimeoutError> {
+    match seconds(text)? {
+        0 => Err(TimeoutError::DeadConnectionZero),
+        long if !DEAD_CONNECTION_TIMEOUT_SECONDS.contains(&long) => {
+            Err(TimeoutError::DeadConnectionTooLong(long))
+        }
+        fine => Ok(Duration::from_secs(fine)),
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelNbdError {
@@ -209,6 +303,7 @@ pub async fn attach(
     state_dir: &Path,
     nbd_socket: &Path,
     volume: &str,
+    timeouts: KernelNbdTimeouts,
 ) -> Result<String, KernelNbdError> {
     if let Some(path) = find(state_dir, volume).await? {
         return Ok(path);
@@ -218,8 +313,8 @@ pub async fn attach(
         size_bytes: opened.size_bytes,
         block_size_bytes: block_size_of(opened.size_bytes),
         transmission_flags: opened.transmission_flags,
-        request_timeout: REQUEST_TIMEOUT,
-        dead_connection_timeout: DEAD_CONNECTION_TIMEOUT,
+        request_timeout: timeouts.request,
+        dead_connection_timeout: timeouts.dead_connection,
     };
     let doing = format!("connecting an nbd device to volume '{volume}' (NBD_CMD_CONNECT)");
     let answers = blocking(move || {
@@ -275,6 +370,7 @@ pub async fn reconnect(
     nbd_socket: &Path,
     volume: &str,
     wait: Duration,
+    timeouts: KernelNbdTimeouts,
 ) -> Result<(), KernelNbdError> {
     let Some(index) = read_record(state_dir, volume) else {
         return Ok(());
@@ -286,7 +382,11 @@ pub async fn reconnect(
     let opened = open_when_served(nbd_socket, volume, wait).await?;
     let doing = format!("reconnecting /dev/nbd{index} to volume '{volume}' (NBD_CMD_RECONFIGURE)");
     let result = blocking(move || {
-        let message = nbd_netlink::reconfigure_message(index, &[opened.stream.as_raw_fd()])?;
+        let message = nbd_netlink::reconfigure_message(
+            index,
+            &[opened.stream.as_raw_fd()],
+            Some((timeouts.request, timeouts.dead_connection)),
+        )?;
         let result = nbd_netlink::call(&doing, message);
         drop(opened);
         Ok(result?)
@@ -300,6 +400,64 @@ pub async fn reconnect(
         Err(KernelNbdError::Netlink(error)) if error.errno() == Some(ENOSPC) => Ok(()),
         Err(error) => Err(error),
     }
+}
+
+/// The size of `/dev/nbd<index>` as the kernel has it now (0 when it is
+/// not connected; None when there is no such device).
+pub fn kernel_size(index: u32) -> Option<u64> {
+    let sectors = std::fs::read_to_string(format!("/sys/block/nbd{index}/size")).ok()?;
+    // /sys/block/*/size counts 512-byte sectors whatever the block size.
+    sectors
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(|sectors| sectors * 512)
+}
+
+/// Gives the device of `volume` the size its export serves now, when that
+/// is more than the device has (the volume grew): RECONFIGURE with the new
+/// size, on the live device, which stays connected and mounted. The size
+/// is what a fresh handshake with this daemon's NBD server shows, never
+/// the cluster's word alone: the kernel sends requests up to the size it
+/// is given, and the server must take them. Answers the new size when the
+/// device grew, None when there was nothing to do.
+pub async fn grow(
+    state_dir: &Path,
+    nbd_socket: &Path,
+    volume: &str,
+) -> Result<Option<u64>, KernelNbdError> {
+    let Some(index) = read_record(state_dir, volume) else {
+        return Ok(None);
+    };
+    let device_bytes = match kernel_size(index) {
+        Some(bytes) if bytes > 0 => bytes,
+        _ => return Ok(None),
+    };
+    let opened = open_when_served(nbd_socket, volume, Duration::ZERO).await?;
+    let served = opened.size_bytes;
+    drop(opened);
+    // The block size CONNECT set stays: the new size is a whole number of
+    // its blocks (volume sizes are multiples of 4 KiB anyway).
+    let size = served - served % block_size_of(device_bytes);
+    if size <= device_bytes {
+        return Ok(None);
+    }
+    let doing = format!(
+        "growing /dev/nbd{index} of volume '{volume}' to {size} bytes (NBD_CMD_RECONFIGURE)"
+    );
+    blocking(move || {
+        nbd_netlink::call(&doing, nbd_netlink::resize_message(index, size)?)?;
+        Ok(())
+    })
+    .await?;
+    tracing::info!(
+        volume,
+        index,
+        from_bytes = device_bytes,
+        to_bytes = size,
+        "grew a kernel nbd device to its volume's new size"
+    );
+    Ok(Some(size))
 }
 
 #[cfg(test)]
@@ -320,6 +478,46 @@ mod tests {
         );
         remove_record(state.path(), "pvc-1");
         assert!(!state.path().join("pvc-1").exists());
+    }
+
+    #[test]
+    fn timeouts_outside_the_limits_are_refused_saying_why() {
+        assert_eq!(parse_request_timeout("10"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_request_timeout("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_request_timeout("0"), Err(TimeoutError::RequestZero));
+        assert_eq!(
+            parse_request_timeout("3601"),
+            Err(TimeoutError::RequestTooLong(3601))
+        );
+        assert!(matches!(
+            parse_request_timeout("ten"),
+            Err(TimeoutError::NotSeconds(_))
+        ));
+        assert_eq!(
+            parse_dead_connection_timeout("600"),
+            Ok(Duration::from_secs(600))
+        );
+        assert_eq!(
+            parse_dead_connection_timeout("0"),
+            Err(TimeoutError::DeadConnectionZero)
+        );
+        assert_eq!(
+            parse_dead_connection_timeout("86401"),
+            Err(TimeoutError::DeadConnectionTooLong(86401))
+        );
+        assert!(parse_dead_connection_timeout("-1").is_err());
+        let message = TimeoutError::RequestZero.to_string();
+        assert!(
+            message.contains("1 to 3600 seconds (default 10)"),
+            "{message}"
+        );
+        assert_eq!(
+            KernelNbdTimeouts::default(),
+            KernelNbdTimeouts {
+                request: REQUEST_TIMEOUT,
+                dead_connection: DEAD_CONNECTION_TIMEOUT
+            }
+        );
     }
 
     #[test]

@@ -14,11 +14,14 @@
 //!   (`nbd_netlink`), fed a connection to this daemon's own NBD unix
 //!   socket whose handshake `nbd_client` does. With a dead-connection
 //!   timeout, I/O pauses while the daemon restarts; the restarted daemon
-//!   reconnects every device it recorded. Chosen when the kernel has the
-//!   module (`/sys/module/nbd`, or `modprobe nbd` loads it).
+//!   reconnects every device it recorded. A volume that grows grows its
+//!   device in place (the `grower` follows the cluster state). Chosen
+//!   when the kernel has the module (`/sys/module/nbd`, or `modprobe nbd`
+//!   loads it).
 //! - `fuse_loop`: nbdfuse + a loop device over the same socket, where the
 //!   kernel has no `nbd` module (as on the development machine). I/O fails
-//!   while the daemon is down: nbdfuse does not reconnect.
+//!   while the daemon is down: nbdfuse does not reconnect, and its file
+//!   keeps the size nbdfuse learnt at its handshake.
 //! - `command`: the host tools and the mount table.
 //!
 //! State: `DATA/devices/<volume>/` holds a kernel device's record (its
@@ -38,7 +41,10 @@ use std::sync::{Arc, Mutex};
 use trireme_types::VolumeName;
 
 pub use fuse_loop::NBDFUSE_READY_WAIT;
-pub use kernel_nbd::{KernelNbdError, DEAD_CONNECTION_TIMEOUT, REQUEST_TIMEOUT};
+pub use kernel_nbd::{
+    parse_dead_connection_timeout, parse_request_timeout, KernelNbdError, KernelNbdTimeouts,
+    TimeoutError, DEAD_CONNECTION_TIMEOUT, REQUEST_TIMEOUT,
+};
 pub use nbd_client::HandshakeError;
 pub use trireme_host::HostError as CommandError;
 
@@ -144,29 +150,48 @@ pub struct LocalDevices {
     state_dir: PathBuf,
     nbd_socket: PathBuf,
     kind: DeviceKind,
+    timeouts: KernelNbdTimeouts,
     locks: Locks,
 }
 
 impl LocalDevices {
     /// Chooses how devices are made and, with the kernel's module, starts
     /// reconnecting the devices an earlier run left (when called inside
-    /// a tokio runtime, as the daemon does).
-    pub fn new(data_dir: &Path, nbd_socket: PathBuf) -> LocalDevices {
+    /// a tokio runtime, as the daemon does). `timeouts` are the kernel
+    /// devices' (the nbdfuse path has none).
+    pub fn new(data_dir: &Path, nbd_socket: PathBuf, timeouts: KernelNbdTimeouts) -> LocalDevices {
         let devices = LocalDevices {
             state_dir: data_dir.join(STATE_DIR_NAME),
             nbd_socket,
             kind: DeviceKind::choose(),
+            timeouts,
             locks: Locks::default(),
         };
         tracing::info!(kind = devices.kind.as_str(), "local block devices");
         if devices.kind == DeviceKind::KernelNbd && tokio::runtime::Handle::try_current().is_ok() {
+            tracing::info!(
+                request_timeout_s = timeouts.request.as_secs(),
+                dead_connection_timeout_s = timeouts.dead_connection.as_secs(),
+                "kernel nbd device timeouts"
+            );
             tokio::spawn(reconnector::run(
                 devices.state_dir.clone(),
                 devices.nbd_socket.clone(),
                 devices.locks.clone(),
+                timeouts,
             ));
         }
         devices
+    }
+
+    /// Grows each kernel device when its volume grows, whoever grew it
+    /// (the REST API or CLI on any node, CSI's ControllerExpandVolume):
+    /// from now on, on every change of the cluster state and every few
+    /// seconds. Nothing to do on the nbdfuse path, which cannot grow.
+    pub fn follow_volume_sizes(self: &Arc<Self>, cluster: Arc<crate::cluster::Cluster>) {
+        if self.kind == DeviceKind::KernelNbd {
+            tokio::spawn(grower::run(self.clone(), cluster));
+        }
     }
 
     /// How this daemon makes new devices.
@@ -204,16 +229,29 @@ impl LocalDevices {
     }
 
     /// Makes the device of `volume`, or finds the one made before.
+    /// A kernel device found is first grown to the size its volume's
+    /// export serves, if that is more (so a repeated request is also the
+    /// way to ask "the volume grew: show it").
     pub async fn attach(&self, volume: &VolumeName) -> Result<Device, DeviceError> {
         let lock = lock_of(&self.locks, volume);
         let _held = lock.lock().await;
-        if let Some(device) = self.find(volume).await? {
+        if let Some(mut device) = self.find(volume).await? {
+            if device.kind == DeviceKind::KernelNbd {
+                match kernel_nbd::grow(&self.state_dir, &self.nbd_socket, volume.as_str()).await {
+                    Ok(Some(size_bytes)) => device.size_bytes = size_bytes,
+                    Ok(None) => {}
+                    // The device is there and works at its size: answer it.
+                    Err(error) => {
+                        tracing::warn!(%volume, %error, "cannot check whether the device should grow")
+                    }
+                }
+            }
             return Ok(device);
         }
         let name = volume.as_str();
         let path = match self.kind {
             DeviceKind::KernelNbd => {
-                kernel_nbd::attach(&self.state_dir, &self.nbd_socket, name).await?
+                kernel_nbd::attach(&self.state_dir, &self.nbd_socket, name, self.timeouts).await?
             }
             DeviceKind::NbdfuseLoop => {
                 fuse_loop::attach(&self.state_dir, &self.nbd_socket, name).await?
@@ -255,7 +293,12 @@ mod reconnector {
     /// subscription failed.
     const RESUBSCRIBE_WAIT: Duration = Duration::from_secs(10);
 
-    pub async fn run(state_dir: PathBuf, nbd_socket: PathBuf, locks: Locks) {
+    pub async fn run(
+        state_dir: PathBuf,
+        nbd_socket: PathBuf,
+        locks: Locks,
+        timeouts: KernelNbdTimeouts,
+    ) {
         let (dead_sender, mut dead) = tokio::sync::mpsc::unbounded_channel::<u32>();
         std::thread::Builder::new()
             .name("nbd-link-dead".into())
@@ -271,17 +314,23 @@ mod reconnector {
             })
             .expect("a thread can be started at daemon start");
         for (volume, _) in kernel_nbd::records(&state_dir) {
-            spawn_reconnect(&state_dir, &nbd_socket, &locks, volume);
+            spawn_reconnect(&state_dir, &nbd_socket, &locks, volume, timeouts);
         }
         while let Some(index) = dead.recv().await {
             let records = kernel_nbd::records(&state_dir);
             if let Some((volume, _)) = records.into_iter().find(|(_, of)| *of == index) {
-                spawn_reconnect(&state_dir, &nbd_socket, &locks, volume);
+                spawn_reconnect(&state_dir, &nbd_socket, &locks, volume, timeouts);
             }
         }
     }
 
-    fn spawn_reconnect(state_dir: &Path, nbd_socket: &Path, locks: &Locks, volume: String) {
+    fn spawn_reconnect(
+        state_dir: &Path,
+        nbd_socket: &Path,
+        locks: &Locks,
+        volume: String,
+        timeouts: KernelNbdTimeouts,
+    ) {
         let Ok(name) = VolumeName::new(&volume) else {
             tracing::warn!(volume, "a device record under a name that is no volume's");
             return;
@@ -292,11 +341,80 @@ mod reconnector {
         tokio::spawn(async move {
             let _held = lock.lock().await;
             let wait = kernel_nbd::RECONNECT_WAIT;
-            if let Err(error) = kernel_nbd::reconnect(&state_dir, &nbd_socket, &volume, wait).await
+            if let Err(error) =
+                kernel_nbd::reconnect(&state_dir, &nbd_socket, &volume, wait, timeouts).await
             {
                 tracing::error!(volume, %error, "cannot reconnect the volume's kernel nbd device");
             }
         });
+    }
+}
+
+/// New sizes for kernel devices whose volumes grew. The cluster state says
+/// a volume grew; the device grows once this daemon's NBD server serves
+/// the new size (`kernel_nbd::grow` asks it), which is a moment later,
+/// when the agent has grown the local copy and reported it (another
+/// change of the state), or, for a volume attached here, when its
+/// replication engine serves the new size.
+mod grower {
+    use super::*;
+    use std::time::Duration;
+
+    /// How often to look again without a change of the state: a volume
+    /// whose export does not serve its new size yet is retried this often.
+    const RECHECK: Duration = Duration::from_secs(5);
+
+    pub async fn run(devices: Arc<LocalDevices>, cluster: Arc<crate::cluster::Cluster>) {
+        let mut changes = cluster.state.subscribe();
+        // The size each volume's device could not reach yet: said once.
+        let mut waiting: HashMap<String, u64> = HashMap::new();
+        loop {
+            let behind: Vec<(VolumeName, u64)> = {
+                let records = kernel_nbd::records(&devices.state_dir);
+                let state = cluster.state.read();
+                records
+                    .into_iter()
+                    .filter_map(|(volume, index)| {
+                        let name = VolumeName::new(&volume).ok()?;
+                        let wanted = state.volumes.get(&name)?.size_bytes;
+                        let has = kernel_nbd::kernel_size(index)?;
+                        (has > 0 && has < wanted).then_some((name, wanted))
+                    })
+                    .collect()
+            };
+            waiting.retain(|volume, _| behind.iter().any(|(name, _)| name.as_str() == volume));
+            for (volume, wanted) in behind {
+                let lock = lock_of(&devices.locks, &volume);
+                let _held = lock.lock().await;
+                let grown =
+                    kernel_nbd::grow(&devices.state_dir, &devices.nbd_socket, volume.as_str())
+                        .await;
+                let name = volume.as_str().to_string();
+                if let Ok(Some(_)) = grown {
+                    waiting.remove(&name);
+                    continue;
+                }
+                if waiting.insert(name, wanted) == Some(wanted) {
+                    continue;
+                }
+                match grown {
+                    Err(error) => tracing::warn!(
+                        %volume,
+                        %error,
+                        "the volume grew, but its kernel nbd device cannot grow yet; retrying"
+                    ),
+                    _ => tracing::info!(
+                        %volume,
+                        wanted_bytes = wanted,
+                        "the volume grew; its kernel nbd device grows once this node serves the new size"
+                    ),
+                }
+            }
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(RECHECK) => {}
+            }
+        }
     }
 }
 

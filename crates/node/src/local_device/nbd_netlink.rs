@@ -1,7 +1,8 @@
 //! The kernel's `nbd` generic netlink family (include/uapi/linux/nbd-netlink.h,
 //! drivers/block/nbd.c): CONNECT hands it connected sockets and it answers
 //! the index of the device it chose; RECONFIGURE gives a device a new
-//! socket in place of a dead one; DISCONNECT releases a device; STATUS
+//! socket in place of a dead one, new timeouts, or a new size (a volume
+//! grown while the device is in use); DISCONNECT releases a device; STATUS
 //! lists the configured devices; LINK_DEAD is its multicast event when a
 //! connection dies.
 //!
@@ -188,10 +189,38 @@ pub fn connect_message(settings: &ConnectSettings, fds: &[RawFd]) -> Result<Mess
     )
 }
 
-pub fn reconfigure_message(index: u32, fds: &[RawFd]) -> Result<Message, NetlinkError> {
+/// RECONFIGURE with fresh sockets for the dead ones (the kernel keeps a
+/// live one and ignores the new socket) and, with `timeouts`, the request
+/// and dead-connection timeouts: a restarted daemon's settings reach the
+/// devices an earlier run made. The kernel applies the timeouts before it
+/// looks at the sockets, so they hold even when no connection was dead.
+pub fn reconfigure_message(
+    index: u32,
+    fds: &[RawFd],
+    timeouts: Option<(Duration, Duration)>,
+) -> Result<Message, NetlinkError> {
+    let mut attributes = vec![attribute(Attribute::Index, index)?, sockets(fds)?];
+    if let Some((request, dead_connection)) = timeouts {
+        attributes.push(attribute(Attribute::Timeout, request.as_secs())?);
+        attributes.push(attribute(
+            Attribute::DeadConnTimeout,
+            dead_connection.as_secs(),
+        )?);
+    }
+    message(Command::Reconfigure, attributes)
+}
+
+/// RECONFIGURE with a new size only: the kernel sets the device's
+/// capacity and tells the block layer (`nbd_genl_size_set`, in
+/// RECONFIGURE since Linux 5.3), while the device stays connected and
+/// mounted. The block size stays as CONNECT set it.
+pub fn resize_message(index: u32, size_bytes: u64) -> Result<Message, NetlinkError> {
     message(
         Command::Reconfigure,
-        vec![attribute(Attribute::Index, index)?, sockets(fds)?],
+        vec![
+            attribute(Attribute::Index, index)?,
+            attribute(Attribute::SizeBytes, size_bytes)?,
+        ],
     )
 }
 
@@ -414,7 +443,7 @@ mod tests {
 
     #[test]
     fn nested_lists_are_marked_nested() {
-        let message = bytes(&reconfigure_message(3, &[9]).unwrap());
+        let message = bytes(&reconfigure_message(3, &[9], None).unwrap());
         // NBD_CMD_RECONFIGURE = 3.
         assert_eq!(message[0], 3);
         // INDEX (1) first: 4-byte header + u32.
@@ -422,6 +451,29 @@ mod tests {
         assert_eq!(u32::from_ne_bytes(message[8..12].try_into().unwrap()), 3);
         // SOCKETS with NLA_F_NESTED (1 << 15).
         assert_eq!(u16::from_ne_bytes([message[14], message[15]]), 7 | 1 << 15);
+        assert_eq!(attributes(&message[4..]).len(), 2);
+    }
+
+    #[test]
+    fn reconfigure_carries_the_timeouts_and_resize_only_the_size() {
+        let timeouts = (Duration::from_secs(30), Duration::from_secs(600));
+        let message = bytes(&reconfigure_message(3, &[9], Some(timeouts)).unwrap());
+        let attributes = attributes(&message[4..]);
+        let kinds: Vec<u16> = attributes.iter().map(|(kind, _)| *kind).collect();
+        // INDEX 1, SOCKETS 7, TIMEOUT 4, DEAD_CONN_TIMEOUT 8.
+        assert_eq!(kinds, [1, 7, 4, 8]);
+        assert_eq!(u64_of(&attributes[2].1), 30);
+        assert_eq!(u64_of(&attributes[3].1), 600);
+
+        let message = bytes(&resize_message(5, 512 << 20).unwrap());
+        assert_eq!(&message[0..4], &[3, 1, 0, 0]);
+        let attributes = super::tests::attributes(&message[4..]);
+        // INDEX 1 = 5, SIZE_BYTES 2 = 512 MiB, and nothing else: no socket
+        // (a live connection stays) and no block size (it stays as set).
+        assert_eq!(attributes.len(), 2);
+        assert_eq!(attributes[0], (1, 5u32.to_ne_bytes().to_vec()));
+        assert_eq!(attributes[1].0, 2);
+        assert_eq!(u64_of(&attributes[1].1), 512 << 20);
     }
 
     #[test]
