@@ -991,6 +991,131 @@ fn a_dead_nodes_volume_is_taken_over_at_once_and_a_live_writer_is_never_doubled(
     drop(plugin2);
 }
 
+/// An xfs volume grows offline, as Kubernetes does it where the driver
+/// advertises OFFLINE expansion (and as this machine's nbdfuse devices
+/// need): ControllerExpandVolume while it is unpublished, then staged
+/// again at the new size, and NodeExpandVolume runs xfs_growfs on the
+/// mounted file system; df shows the new size and the data is intact.
+/// 320 MiB: xfsprogs 5.19 and newer refuse a file system under 300 MB.
+#[test]
+fn an_xfs_volume_grows_offline_with_xfs_growfs() {
+    if prerequisites().is_none() {
+        return;
+    }
+    if !tools_or_skip(&["mkfs.xfs", "xfs_growfs"]) {
+        return;
+    }
+    let node = TestNode::start_with(NodeSpec {
+        name: Some("n1".into()),
+        ..NodeSpec::default()
+    });
+    let nodes = [node];
+    let dir = TempDir::new("csi-xfs");
+    let _cleanup = cleanup_after(dir.path(), &nodes);
+    let apis: Vec<&TestNode> = nodes.iter().collect();
+    let plugin = Plugin::start(dir.path(), "all", "all", Some(&nodes[0]), &apis);
+    let capability = VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: "xfs".into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    };
+    let rt = runtime();
+    let started = Instant::now();
+    let sizes = |required_bytes| {
+        Some(CapacityRange {
+            required_bytes,
+            limit_bytes: 0,
+        })
+    };
+    let volume = rt.block_on(async {
+        plugin
+            .controller()
+            .await
+            .create_volume(CreateVolumeRequest {
+                name: "xfs-grows".into(),
+                capacity_range: sizes(320 * MIB),
+                volume_capabilities: vec![capability.clone()],
+                ..Default::default()
+            })
+            .await
+            .expect("CreateVolume")
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id
+    });
+    rt.block_on(publish(&plugin, &volume, "n1", &capability))
+        .expect("ControllerPublishVolume");
+    let target = rt.block_on(stage_and_publish(
+        &plugin,
+        &volume,
+        &capability,
+        dir.path(),
+        "n1",
+    ));
+    println!(
+        "created, published and made an xfs: {:?}",
+        started.elapsed()
+    );
+    let data = target.join("data");
+    random_file(&data, 4 << 20, 33);
+    let written = sha256(&data);
+    run(&mut cmd("sync", &[&data.display().to_string()]));
+    let before = df_bytes(&target);
+    rt.block_on(take_down(&plugin, &plugin, &volume, "n1", dir.path(), "n1"));
+
+    let grown = rt.block_on(async {
+        plugin
+            .controller()
+            .await
+            .controller_expand_volume(ControllerExpandVolumeRequest {
+                volume_id: volume.clone(),
+                capacity_range: sizes(448 * MIB),
+                volume_capability: Some(capability.clone()),
+                ..Default::default()
+            })
+            .await
+            .expect("ControllerExpandVolume")
+            .into_inner()
+    });
+    assert_eq!(grown.capacity_bytes, 448 * MIB);
+    assert!(grown.node_expansion_required);
+
+    rt.block_on(publish(&plugin, &volume, "n1", &capability))
+        .expect("ControllerPublishVolume after the growth");
+    let target = rt.block_on(stage_and_publish(
+        &plugin,
+        &volume,
+        &capability,
+        dir.path(),
+        "n1",
+    ));
+    println!("grown and staged again: {:?}", started.elapsed());
+    // Staged anew the device has the new size, the xfs does not yet.
+    assert_eq!(df_bytes(&target), before, "df before NodeExpandVolume");
+    let capacity = rt
+        .block_on(node_expand(&plugin, &volume, dir.path(), "n1", &capability))
+        .unwrap_or_else(|status| {
+            panic!(
+                "NodeExpandVolume: {status}\n{}",
+                tail_of(&plugin.log_text())
+            )
+        });
+    assert_eq!(capacity, 448 * MIB);
+    let after = df_bytes(&target);
+    assert!(
+        after >= before + (120 * MIB) as u64,
+        "df shows {after} bytes after xfs_growfs, {before} before"
+    );
+    assert_eq!(sha256(&data), written, "the data survived the growth");
+    println!("xfs_growfs done: {:?}", started.elapsed());
+    rt.block_on(take_down(&plugin, &plugin, &volume, "n1", dir.path(), "n1"));
+}
+
 /// The loop devices whose backing file is under `dir`.
 fn loops_under(dir: &Path) -> Vec<String> {
     let out = exec(

@@ -40,8 +40,14 @@ impl Identity for Driver {
         if self.mode.controller() {
             capabilities.push(service(service::Type::ControllerService));
         }
-        // Offline: an NBD client learns the export's size at its handshake,
-        // so a device grows only when the volume is next staged.
+        // Offline, on every host: nbdfuse's device (hosts without the
+        // kernel nbd module) keeps the size it connected with until the
+        // volume is staged again; a kernel nbd device grows in place, but
+        // only once the daemon serves the new size, and a volume attached
+        // through its replication engine (every CSI volume: ControllerPublish
+        // attaches it) is served at the size it had when attached. ONLINE
+        // would have the resizer grow volumes in use and kubelet retry a
+        // NodeExpandVolume that cannot succeed until the pod restarts.
         capabilities.push(PluginCapability {
             r#type: Some(plugin_capability::Type::VolumeExpansion(
                 plugin_capability::VolumeExpansion {

@@ -26,11 +26,16 @@ struct DeviceRequest<'a> {
 /// The daemon's answer; only the fields the driver reads.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Device {
-    /// `/dev/loopN`.
+    /// `/dev/nbdN` or `/dev/loopN`.
     pub device: String,
-    #[allow(dead_code)]
     pub size_bytes: u64,
+    /// How the daemon made it: [`KERNEL_NBD`] or `nbdfuse-loop`.
+    #[serde(default)]
+    pub kind: String,
 }
+
+/// The kind of device that grows in place when its volume grows.
+pub const KERNEL_NBD: &str = "kernel-nbd";
 
 /// The API of this node's own daemon.
 async fn local_api(driver: &Driver, config: &NodeConfig) -> Result<Api, Status> {
@@ -50,6 +55,16 @@ async fn local_api(driver: &Driver, config: &NodeConfig) -> Result<Api, Status> 
 
 /// Makes (or finds) the block device of `volume` on this node.
 pub async fn attach(driver: &Driver, config: &NodeConfig, volume: &str) -> Result<String, Status> {
+    Ok(attach_device(driver, config, volume).await?.device)
+}
+
+/// Makes (or finds) the block device of `volume` on this node; a kernel
+/// device found is grown to the size the daemon serves, if that is more.
+pub async fn attach_device(
+    driver: &Driver,
+    config: &NodeConfig,
+    volume: &str,
+) -> Result<Device, Status> {
     let api = local_api(driver, config).await?;
     let device: Device = api
         .put(
@@ -68,7 +83,7 @@ pub async fn attach(driver: &Driver, config: &NodeConfig, volume: &str) -> Resul
                 error,
             )
         })?;
-    Ok(device.device)
+    Ok(device)
 }
 
 /// The block device of `volume` on this node, if there is one.
@@ -77,12 +92,23 @@ pub async fn find(
     config: &NodeConfig,
     volume: &str,
 ) -> Result<Option<String>, Status> {
+    Ok(find_device(driver, config, volume)
+        .await?
+        .map(|device| device.device))
+}
+
+/// The daemon's word on the block device of `volume` on this node.
+pub async fn find_device(
+    driver: &Driver,
+    config: &NodeConfig,
+    volume: &str,
+) -> Result<Option<Device>, Status> {
     let api = local_api(driver, config).await?;
     match api
         .get::<Device>(&format!("/volumes/{volume}/device"))
         .await
     {
-        Ok(device) => Ok(Some(device.device)),
+        Ok(device) => Ok(Some(device)),
         Err(error) if error.is_not_found() => Ok(None),
         Err(error) => Err(from_api(
             &format!("looking up the block device of volume '{volume}'"),

@@ -2,6 +2,7 @@
 //! systems and bind mounts.
 
 use std::path::Path;
+use std::time::Duration;
 use tonic::Status;
 
 use super::device;
@@ -224,12 +225,47 @@ pub async fn unpublish(
     Ok(NodeUnpublishVolumeResponse {})
 }
 
-/// Grows the file system at `volume_path` to its device. The device has
-/// the volume's size as it was when staged: NBD tells a client the size
-/// once, at its handshake, so a volume grown while staged shows its new
-/// size here after the next stage (the driver offers offline expansion).
-/// A device still smaller than the volume is refused, not "grown" to its
-/// old size: the caller would take the old size for the new one.
+/// How long NodeExpandVolume waits for a kernel device to show its
+/// volume's new size: the daemon grows it once its NBD server serves the
+/// new size, a moment after the growth is committed.
+const GROWN_WAIT: Duration = Duration::from_secs(15);
+
+/// The size of the device of `volume` once it shows `volume_bytes`, or
+/// its size after [`GROWN_WAIT`]. Each round asks the daemon for the
+/// device again (PUT), which grows a kernel device to the size the daemon
+/// serves: the daemon also does it by itself, this only makes it sooner.
+async fn wait_for_growth(
+    driver: &Driver,
+    config: &NodeConfig,
+    volume: &str,
+    volume_bytes: u64,
+) -> Result<u64, Status> {
+    let deadline = tokio::time::Instant::now() + GROWN_WAIT;
+    loop {
+        let device = device::attach_device(driver, config, volume).await?;
+        // The daemon's word, then the device node's as this process sees it.
+        let shown = if device.size_bytes >= volume_bytes {
+            system::device_bytes(&device.device)
+                .await
+                .map_err(internal)?
+        } else {
+            device.size_bytes
+        };
+        if shown >= volume_bytes || tokio::time::Instant::now() >= deadline {
+            return Ok(shown);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Grows the file system at `volume_path` to its device, online. A kernel
+/// `nbd` device grows in place when its volume grows (the node daemon
+/// gives it the new size once it serves it); nbdfuse's file, and the loop
+/// device over it, keep the size nbdfuse learnt when it connected, so there
+/// the device has the new size only after the volume is staged again (the
+/// driver advertises offline expansion). A device still smaller than the
+/// volume is refused, not "grown" to its old size: the caller would take
+/// the old size for the new one.
 pub async fn expand(
     driver: &Driver,
     config: &NodeConfig,
@@ -243,7 +279,7 @@ pub async fn expand(
             request.volume_path
         )));
     }
-    let device = device::find(driver, config, &request.volume_id)
+    let found = device::find_device(driver, config, &request.volume_id)
         .await?
         .ok_or_else(|| {
             Status::failed_precondition(format!(
@@ -251,14 +287,31 @@ pub async fn expand(
                 request.volume_id
             ))
         })?;
-    let _ = run("losetup", &["-c", &device]).await;
-    let device_bytes = system::device_bytes(&device).await.map_err(internal)?;
+    let device = found.device.clone();
+    let kernel = found.kind == device::KERNEL_NBD;
+    let device_bytes = if kernel {
+        wait_for_growth(driver, config, &request.volume_id, volume_bytes).await?
+    } else {
+        let _ = run("losetup", &["-c", &device]).await;
+        system::device_bytes(&device).await.map_err(internal)?
+    };
     if device_bytes < volume_bytes {
+        let why = if kernel {
+            format!(
+                "the node daemon grows a kernel nbd device once its NBD server serves the new \
+                 size, and it still serves the old one after {} s (a volume attached here is \
+                 served by its replication engine at the size it had when attached)",
+                GROWN_WAIT.as_secs()
+            )
+        } else {
+            "an NBD client learns the size when it connects, and nbdfuse cannot be told a new \
+             one, so on this node (no kernel nbd module) expansion is offline only"
+                .to_string()
+        };
         return Err(Status::failed_precondition(format!(
-            "volume '{}' is {volume_bytes} bytes but its device on this node still shows the \
-             {device_bytes} bytes it had when staged: an NBD client learns the size when it \
-             connects, so the driver offers offline expansion only; unstage the volume and \
-             stage it again (in Kubernetes: restart the pod), then expand",
+            "volume '{}' is {volume_bytes} bytes but its device {device} on this node still \
+             shows {device_bytes} bytes: {why}; unstage the volume and stage it again (in \
+             Kubernetes: restart the pod), then expand",
             request.volume_id
         )));
     }
