@@ -13,7 +13,9 @@
 //! mounted and the writer writes: the daemon, following the cluster
 //! state, gives the device the new size (NBD_CMD_RECONFIGURE) on its live
 //! connection, /sys/block/nbdN/size shows it, a read past the old end
-//! succeeds, and resize2fs grows the mounted ext4 (df shows it).
+//! succeeds, and resize2fs grows the mounted ext4 (df shows it). The same
+//! for a second volume with xfs (xfs_growfs, then xfs_repair -n and the
+//! files' checksums).
 //! It checks that the writer did not fail (its I/O paused until
 //! the daemon reconnected the device, both times), that every file
 //! written before and during reads back from the device with its checksum
@@ -53,6 +55,9 @@ fn guest_image() -> Result<GuestImage, String> {
         "mkfs.ext4",
         "e2fsck",
         "resize2fs",
+        "mkfs.xfs",
+        "xfs_growfs",
+        "xfs_repair",
     ]) {
         return Err(missing);
     }
@@ -170,6 +175,11 @@ fn io_pauses_while_the_daemon_restarts_and_the_data_reads_back() {
         marks
             .iter()
             .any(|mark| mark.starts_with("RESIZED ext4 online")),
+        "{marks:?}"
+    );
+    // And an xfs grown online with xfs_growfs, checked by xfs_repair.
+    assert!(
+        marks.iter().any(|mark| mark.starts_with("XFS GREW")) && marks.contains(&"XFS VERIFIED"),
         "{marks:?}"
     );
     assert!(

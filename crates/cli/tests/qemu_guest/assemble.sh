@@ -8,8 +8,9 @@
 # from each module's own "depends=" since the package carries no
 # modules.dep before depmod runs on install) and init.sh as /init.
 # With TRIREME_BINARY (tests/kernel_nbd.rs) the guest is the kernel nbd
-# one instead: the nbd module too, that trireme binary, mkfs.ext4, e2fsck
-# and resize2fs, each with the shared libraries ldd lists, and kernel_nbd.sh as
+# one instead: the nbd and xfs modules too, that trireme binary, mkfs.ext4,
+# e2fsck, resize2fs, mkfs.xfs, xfs_growfs and xfs_repair, each with the
+# shared libraries ldd lists, and kernel_nbd.sh as
 # /init.
 # Usage: assemble.sh KERNEL_PACKAGE OUT [TRIREME_BINARY]
 set -eu
@@ -54,6 +55,7 @@ for module in virtio_pci virtio_blk crc32c_generic ext4; do add $module; done
 init=init.sh
 if [ -n "$trireme" ]; then
     add nbd
+    add xfs
     init=kernel_nbd.sh
     # A binary and the libraries ldd names, at the same paths as here.
     copy_with_libraries() {
@@ -71,6 +73,9 @@ if [ -n "$trireme" ]; then
     copy_with_libraries "$(command -v mkfs.ext4)" /sbin/mkfs.ext4
     copy_with_libraries "$(command -v e2fsck)" /sbin/e2fsck
     copy_with_libraries "$(command -v resize2fs)" /sbin/resize2fs
+    for tool in mkfs.xfs xfs_growfs xfs_repair; do
+        copy_with_libraries "$(command -v $tool)" /sbin/$tool
+    done
     mkdir -p $root/etc
     if [ -f /etc/mke2fs.conf ]; then cp /etc/mke2fs.conf $root/etc/; fi
 fi
