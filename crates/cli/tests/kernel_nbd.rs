@@ -36,7 +36,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The whole guest run: boot, the scenario (the paused writer waits up to
-/// the kernel's 10 s request timeout) and power-off.
+/// the kernel's request timeout, 5 s by `--kernel-nbd-request-timeout`)
+/// and power-off.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(240);
 /// The guest's disk, holding the node's data directory and its pool.
 const DATA_DISK_BYTES: u64 = 2 << 30;
