@@ -45,6 +45,39 @@ pub struct ClusterState {
     /// The last events (`crate::events`); empty in states from before it.
     #[serde(default)]
     pub events: crate::events::EventLog,
+    /// Rules `apply` is told to break (the simulator's): never stored or
+    /// sent, off unless set.
+    #[cfg(feature = "bug-switches")]
+    #[serde(skip)]
+    bugs: ControlBugs,
+}
+
+/// Rules `apply` can be told to break, to show that the replication
+/// simulator catches each (crates/sim's bug-switch tests). Off by default;
+/// only with the `bug-switches` feature.
+#[cfg(feature = "bug-switches")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ControlBugs {
+    /// `MarkOutdated` and `MarkInSync` are applied without their fencing
+    /// check: from a node that is no longer a primary, or at a generation
+    /// that is no longer current.
+    pub skip_fence_check: bool,
+}
+
+impl ClusterState {
+    #[cfg(feature = "bug-switches")]
+    pub fn set_bugs(&mut self, bugs: ControlBugs) {
+        self.bugs = bugs;
+    }
+
+    /// Whether the fencing check of the in-sync marks is skipped (a bug
+    /// switch; never without the feature).
+    pub(crate) fn skips_fence_check(&self) -> bool {
+        #[cfg(feature = "bug-switches")]
+        return self.bugs.skip_fence_check;
+        #[cfg(not(feature = "bug-switches"))]
+        false
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

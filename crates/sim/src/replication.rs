@@ -156,8 +156,10 @@
 //! `trireme-replication`): [`ReplicationSimConfig::ignore_fencing`]
 //! (replicas carry out what fenced primaries send),
 //! [`ReplicationSimConfig::welcome_without_persist`],
-//! [`ReplicationSimConfig::ignore_refused_outdate`] and
-//! [`ReplicationSimConfig::ack_before_quorum`]; runs with any should fail
+//! [`ReplicationSimConfig::ignore_refused_outdate`],
+//! [`ReplicationSimConfig::ack_before_quorum`] and, in the control plane's
+//! `apply` (feature `bug-switches` of `trireme-control`),
+//! [`ReplicationSimConfig::control_skips_fence_check`]; runs with any should fail
 //! (crates/sim/tests/replication_sim.rs shows that they do).
 //!
 //! `TRIREME_SIM_WATCH=<block>` adds that block's content to the traced disk
@@ -170,8 +172,8 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use trireme_control::{
-    Actor, ClusterState, Command, CommandError, NodeRegistration, PoolRecord, PoolReport,
-    ReplicaKind, ReplicaObserved, ReplicaRecord, Reply,
+    Actor, ClusterState, Command, CommandError, ControlBugs, NodeRegistration, PoolRecord,
+    PoolReport, ReplicaKind, ReplicaObserved, ReplicaRecord, Reply,
 };
 use trireme_replication::driver::primary::{
     view_of, ControlPlane, PrimaryBugs, PrimaryDriver, ProposeError,
@@ -288,6 +290,13 @@ pub struct ReplicationSimConfig {
     /// A bug switch: the engine completes a write to the client before
     /// its quorum acknowledged it. Runs with it should fail.
     pub ack_before_quorum: bool,
+    /// A bug switch of the control plane itself: its `apply` takes
+    /// `MarkOutdated` and `MarkInSync` from a primary it replaced (or at an
+    /// old generation). Unlike [`Self::ignore_fencing`], where replicas
+    /// carry out what a fenced primary sends them, here the replicas fence
+    /// correctly and the arbiter accepts the fenced primary's word about
+    /// who is up to date. Runs with it should fail.
+    pub control_skips_fence_check: bool,
     /// Print every event to stderr.
     pub trace: bool,
 }
@@ -330,6 +339,7 @@ impl Default for ReplicationSimConfig {
             welcome_without_persist: false,
             ignore_refused_outdate: false,
             ack_before_quorum: false,
+            control_skips_fence_check: false,
             trace: false,
         }
     }
@@ -487,6 +497,7 @@ impl ReplicationSimConfig {
             && !self.welcome_without_persist
             && !self.ignore_refused_outdate
             && !self.ack_before_quorum
+            && !self.control_skips_fence_check
     }
 
     /// The only faults are pools full on every replica at once: then
@@ -1194,6 +1205,9 @@ impl Arbiter {
         state
             .check_invariants()
             .expect("the run's starting state is a valid cluster state");
+        state.set_bugs(ControlBugs {
+            skip_fence_check: cfg.control_skips_fence_check,
+        });
         let view = view_of(&state.volumes[&volume]);
         Arbiter {
             state,
