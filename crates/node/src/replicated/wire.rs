@@ -95,6 +95,46 @@ enum Piece {
 /// At most this many buffers go to one vectored write (Linux's IOV_MAX).
 pub const MAX_WRITE_SLICES: usize = 1024;
 
+/// The buffers of one vectored write, at most [`MAX_WRITE_SLICES`]: an
+/// array on the stack (16 KiB), so that a write allocates nothing.
+pub struct WriteSlices<'a> {
+    slices: [IoSlice<'a>; MAX_WRITE_SLICES],
+    len: usize,
+}
+
+impl<'a> WriteSlices<'a> {
+    pub fn new() -> WriteSlices<'a> {
+        WriteSlices {
+            slices: [IoSlice::new(&[]); MAX_WRITE_SLICES],
+            len: 0,
+        }
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.len == MAX_WRITE_SLICES
+    }
+
+    fn push(&mut self, bytes: &'a [u8]) {
+        assert!(
+            !self.is_full(),
+            "a vectored write holds at most {MAX_WRITE_SLICES} buffers"
+        );
+        self.slices[self.len] = IoSlice::new(bytes);
+        self.len += 1;
+    }
+
+    /// The buffers pushed, in order.
+    pub fn as_slices(&self) -> &[IoSlice<'a>] {
+        &self.slices[..self.len]
+    }
+}
+
+impl Default for WriteSlices<'_> {
+    fn default() -> Self {
+        WriteSlices::new()
+    }
+}
+
 impl Frames {
     /// Appends `message` as one frame (the encoding of [`push_frame`]).
     pub fn push(&mut self, message: &ToReplica) {
@@ -132,10 +172,10 @@ impl Frames {
     }
 
     /// Appends to `slices` the buffers that hold these frames' bytes from
-    /// `skip` on, until `slices` holds [`MAX_WRITE_SLICES`].
-    pub fn slices<'a>(&'a self, mut skip: usize, slices: &mut Vec<IoSlice<'a>>) {
+    /// `skip` on, until `slices` is full.
+    pub fn slices<'a>(&'a self, mut skip: usize, slices: &mut WriteSlices<'a>) {
         for piece in &self.pieces {
-            if slices.len() >= MAX_WRITE_SLICES {
+            if slices.is_full() {
                 return;
             }
             let bytes: &[u8] = match piece {
@@ -146,7 +186,7 @@ impl Frames {
                 skip -= bytes.len();
                 continue;
             }
-            slices.push(IoSlice::new(&bytes[skip..]));
+            slices.push(&bytes[skip..]);
             skip = 0;
         }
     }
@@ -291,15 +331,16 @@ mod tests {
         }
         assert_eq!(frames.len(), expected.len());
         for skip in [0, 1, 4, 40, 4100, expected.len() - 1, expected.len()] {
-            let mut slices = Vec::new();
+            let mut slices = WriteSlices::new();
             frames.slices(skip, &mut slices);
             let sent: Vec<u8> = slices
+                .as_slices()
                 .iter()
                 .flat_map(|slice| slice.iter().copied())
                 .collect();
             assert_eq!(sent, expected[skip..], "from byte {skip}");
         }
-        let mut slices = Vec::new();
+        let mut slices = WriteSlices::new();
         frames.slices(0, &mut slices);
         for message in &messages {
             if let ToReplica::Write {
@@ -309,7 +350,10 @@ mod tests {
             {
                 if !data.is_empty() {
                     assert!(
-                        slices.iter().any(|slice| slice.as_ptr() == data.as_ptr()),
+                        slices
+                            .as_slices()
+                            .iter()
+                            .any(|slice| slice.as_ptr() == data.as_ptr()),
                         "the data of a {}-byte write is sent from its own buffer",
                         data.len()
                     );
@@ -327,9 +371,10 @@ mod tests {
         for message in &messages {
             frames.push(message);
         }
-        let mut slices = Vec::new();
+        let mut slices = WriteSlices::new();
         frames.slices(0, &mut slices);
         let sent: Vec<u8> = slices
+            .as_slices()
             .iter()
             .flat_map(|slice| slice.iter().copied())
             .collect();

@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use trireme_replication::FromReplica;
 use trireme_types::{NodeId, VolumeName};
 
-use super::super::wire::{push_frame, read_frame_async, Frames, LinkOpen, MAX_WRITE_SLICES};
+use super::super::wire::{push_frame, read_frame_async, Frames, LinkOpen, WriteSlices};
 use super::{Core, Input, LinkSender};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -49,18 +49,19 @@ struct Outbox {
 
 impl Outbox {
     /// One vectored write of what is queued; the bytes the socket took.
+    /// Called for every burst a link sends: its buffers are listed on the
+    /// stack, not in an allocation.
     fn write_to(&mut self, writer: &OwnedWriteHalf) -> std::io::Result<usize> {
-        let mut slices = Vec::new();
+        let mut slices = WriteSlices::new();
         let mut skip = self.written;
         for frames in &self.queue {
             frames.slices(skip, &mut slices);
             skip = 0;
-            if slices.len() >= MAX_WRITE_SLICES {
+            if slices.is_full() {
                 break;
             }
         }
-        let written = writer.try_write_vectored(&slices)?;
-        drop(slices);
+        let written = writer.try_write_vectored(slices.as_slices())?;
         self.advance(written);
         Ok(written)
     }
