@@ -115,7 +115,6 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
     let data_address = data_listener
         .local_addr()
         .map_err(|error| NodeError::io("read the data listen address", error))?;
-    let replication = crate::replicated::Replication::open(node.clone())?;
     let metrics = crate::metrics::Metrics::new();
     let nbd_config = NbdConfig {
         tcp_listen: Some(config.nbd_listen),
@@ -145,11 +144,12 @@ async fn serve(config: &DaemonConfig, node: Arc<Node>) -> Result<(), NodeError> 
         Some(advertised(data_address, config.advertise)),
     )
     .await?;
-    replication.start(
+    let replication = crate::replicated::Replication::open(
+        node.clone(),
         cluster.clone(),
-        data_listener,
         advertised(data_address, config.advertise),
-    );
+    )?;
+    replication.listen(data_listener);
     write_admin_token(&config.data_dir, &cluster.admin_token())?;
     let exports = Arc::new(NodeExports::new(
         node.clone(),

@@ -39,7 +39,9 @@ async fn test_node() -> TestNode {
     .await
     .unwrap();
     let node = Arc::new(node);
-    let replication = crate::replicated::Replication::open(node.clone()).unwrap();
+    let replication =
+        crate::replicated::Replication::open(node.clone(), cluster.clone(), "127.0.0.1:9".into())
+            .unwrap();
     let devices = Arc::new(crate::local_device::LocalDevices::new(
         directory.path(),
         directory.path().join("nbd.sock"),

@@ -1,7 +1,9 @@
 //! The node's replication: the engines of the volumes attached here and
 //! the replica service for the copies held here. The protocol itself is
 //! `trireme-replication`; this module gives it sockets, disks and the
-//! control plane.
+//! control plane, which it sees only through
+//! [`ControlPort`](crate::cluster::replication_port::ControlPort) (the
+//! state, proposals, this node's id and the link secret).
 //!
 //! - [`meta`]: `DATA/replication.redb` (accepted generations, dirty maps).
 //! - [`wire`]: frames and the signed link preamble.
@@ -26,7 +28,7 @@ pub mod wire;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use trireme_control::{Command, ReplicaKind, VolumeRecord};
 use trireme_types::{BlockTarget, NodeId, VolumeName};
 
@@ -34,7 +36,8 @@ pub use engine::EngineHandle;
 pub use meta::ReplicationMeta;
 use serve::ReplicaService;
 
-use crate::cluster::{auth, Cluster};
+use crate::cluster::auth;
+use crate::cluster::replication_port::ControlPort;
 use crate::{Node, NodeError};
 
 pub struct Replication {
@@ -43,40 +46,41 @@ pub struct Replication {
     this: std::sync::Weak<Replication>,
     node: Arc<Node>,
     /// `HOST:PORT` other nodes open data links to.
-    data_address: OnceLock<String>,
+    data_address: String,
     meta: Arc<ReplicationMeta>,
-    cluster: OnceLock<(Arc<Cluster>, Arc<ReplicaService>)>,
+    control: Arc<dyn ControlPort>,
+    service: Arc<ReplicaService>,
     engines: Mutex<BTreeMap<VolumeName, Arc<EngineHandle>>>,
     /// Snapshots this node's engines are taking (asked once each).
     taking: Mutex<std::collections::BTreeSet<(VolumeName, trireme_types::SnapshotId)>>,
 }
 
 impl Replication {
-    pub fn open(node: Arc<Node>) -> Result<Arc<Replication>, NodeError> {
+    /// The node's replication, once the node is a member of its cluster
+    /// (links are signed with the cluster secret); `data_address` is where
+    /// other nodes reach this one's [`Replication::listen`].
+    pub fn open(
+        node: Arc<Node>,
+        control: Arc<dyn ControlPort>,
+        data_address: String,
+    ) -> Result<Arc<Replication>, NodeError> {
         let meta = Arc::new(ReplicationMeta::open(node.data_dir())?);
+        let service = ReplicaService::new(node.clone(), control.clone(), meta.clone());
         Ok(Arc::new_cyclic(|this| Replication {
             this: this.clone(),
             node,
-            data_address: OnceLock::new(),
+            data_address,
             meta,
-            cluster: OnceLock::new(),
+            control,
+            service,
             engines: Mutex::new(BTreeMap::new()),
             taking: Mutex::new(Default::default()),
         }))
     }
 
-    /// Starts serving data links on `listener`, once the node is a member
-    /// (links are signed with the cluster secret).
-    pub fn start(&self, cluster: Arc<Cluster>, listener: TcpListener, data_address: String) {
-        let _ = self.data_address.set(data_address);
-        let service = ReplicaService::new(
-            self.node.clone(),
-            cluster.clone(),
-            self.meta.clone(),
-            cluster.identity.secret_bytes(),
-        );
-        service.listen(listener);
-        let _ = self.cluster.set((cluster, service));
+    /// Serves data links on `listener`.
+    pub fn listen(&self, listener: TcpListener) {
+        self.service.listen(listener);
     }
 
     fn engine(&self, name: &VolumeName) -> Option<Arc<EngineHandle>> {
@@ -120,30 +124,25 @@ impl Replication {
 
     /// Whether `name` is attached here by the local copy of the state.
     pub fn attached_here(&self, name: &VolumeName) -> Option<bool> {
-        let (cluster, _) = self.cluster.get()?;
-        let state = cluster.state.read();
+        let state = self.control.state().read();
         let volume = state.volumes.get(name)?;
-        Some(volume.is_attached_on(cluster.node_id()))
+        Some(volume.is_attached_on(self.control.node_id()))
     }
 
     /// A replica deleted here: its replication state goes too.
     pub fn forget(&self, name: &VolumeName) {
-        if let Some((_, service)) = self.cluster.get() {
-            if let Err(error) = service.forget(name) {
-                tracing::warn!(%error, volume = %name, "cannot forget replication state");
-            }
+        if let Err(error) = self.service.forget(name) {
+            tracing::warn!(%error, volume = %name, "cannot forget replication state");
         }
     }
 
     /// Starts the engines of volumes attached here, and forgets the ones
     /// that stopped. Called by the agent on every change of the state.
     pub async fn reconcile(&self) -> Result<(), NodeError> {
-        let Some((cluster, service)) = self.cluster.get() else {
-            return Ok(());
-        };
-        let me = cluster.node_id();
+        let (control, service) = (&self.control, &self.service);
+        let me = control.node_id();
         let (attached, settings_rate): (Vec<(VolumeRecord, trireme_control::QuorumPolicy)>, u64) = {
-            let state = cluster.state.read();
+            let state = control.state().read();
             let attached = state
                 .volumes
                 .values()
@@ -159,12 +158,12 @@ impl Replication {
                 .collect();
             (attached, state.settings.resync_rate_bytes_per_sec)
         };
-        self.report_data_address(cluster).await;
+        self.report_data_address().await;
         {
             let mut engines = self.engines.lock().expect("engines lock");
             engines.retain(|_, engine| !engine.is_stopped());
         }
-        let finished = self.drive_resyncs(cluster).await;
+        let finished = self.drive_resyncs().await;
         for (record, policy) in attached {
             let running = self.engine(&record.name);
             if running.is_some_and(|engine| engine.generation == record.generation) {
@@ -182,8 +181,8 @@ impl Replication {
                 // (before a restart, or it stopped): a new generation fences
                 // whatever it left in flight. The next round starts it.
                 tracing::info!(volume = %name, generation = %record.generation, "restarting the primary at a new generation");
-                if let Err(error) = cluster
-                    .write(Command::ReattachVolume {
+                if let Err(error) = control
+                    .propose(Command::ReattachVolume {
                         name: name.clone(),
                         node: me,
                         now_ms: auth::now_ms(),
@@ -212,7 +211,7 @@ impl Replication {
                 continue;
             }
             let engine = engine::start(engine::EngineStart {
-                cluster: cluster.clone(),
+                control: control.clone(),
                 replicas: service.clone(),
                 meta: self.meta.clone(),
                 record,
@@ -229,20 +228,20 @@ impl Replication {
     }
 
     /// A node that restarted on another data port says so.
-    async fn report_data_address(&self, cluster: &Arc<Cluster>) {
-        let Some(mine) = self.data_address.get() else {
-            return;
-        };
-        let me = cluster.node_id();
-        let recorded = cluster
-            .state
+    async fn report_data_address(&self) {
+        let mine = &self.data_address;
+        let me = self.control.node_id();
+        let recorded = self
+            .control
+            .state()
             .read()
             .nodes
             .get(&me)
             .map(|node| node.data_address.clone());
         if recorded.is_some_and(|recorded| recorded.as_deref() != Some(mine.as_str())) {
-            if let Err(error) = cluster
-                .write(Command::SetDataAddress {
+            if let Err(error) = self
+                .control
+                .propose(Command::SetDataAddress {
                     node: me,
                     data_address: Some(mine.clone()),
                 })
@@ -275,7 +274,7 @@ impl Replication {
         }
     }
 
-    pub fn node_id(&self) -> Option<NodeId> {
-        self.cluster.get().map(|(cluster, _)| cluster.node_id())
+    pub fn node_id(&self) -> NodeId {
+        self.control.node_id()
     }
 }

@@ -19,7 +19,6 @@
 //! than wait for what nothing will do).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 use trireme_control::{
     ClusterState, Command, NodeState, ReplicaKind, ReplicaObserved, VolumeRecord,
@@ -27,7 +26,7 @@ use trireme_control::{
 use trireme_types::{NodeId, VolumeName};
 
 use super::Replication;
-use crate::cluster::{auth, Cluster};
+use crate::cluster::auth;
 
 /// How long a finished resync engine gets to detach cleanly (final flush,
 /// goodbyes) before its end is recorded anyway.
@@ -122,10 +121,10 @@ impl Replication {
     /// Starts the resyncs this node drives and ends the ones that are
     /// over. Returns the volumes whose resync-only engine is finished: the
     /// caller must not start it again.
-    pub(super) async fn drive_resyncs(&self, cluster: &Arc<Cluster>) -> BTreeSet<VolumeName> {
-        let me = cluster.node_id();
+    pub(super) async fn drive_resyncs(&self) -> BTreeSet<VolumeName> {
+        let me = self.control.node_id();
         let (start, end) = {
-            let state = cluster.state.read();
+            let state = self.control.state().read();
             let mut start = Vec::new();
             let mut end = Vec::new();
             for volume in state.volumes.values() {
@@ -156,7 +155,7 @@ impl Replication {
                 node: me,
                 generation,
             };
-            if let Err(error) = cluster.write(command).await {
+            if let Err(error) = self.control.propose(command).await {
                 tracing::warn!(volume = %name, %error, "cannot record the end of the resync; retrying");
             }
         }
@@ -167,7 +166,7 @@ impl Replication {
                 node: me,
                 now_ms: auth::now_ms(),
             };
-            if let Err(error) = cluster.write(command).await {
+            if let Err(error) = self.control.propose(command).await {
                 tracing::warn!(volume = %name, %error, "cannot start the resync of the detached volume; retrying");
             }
         }

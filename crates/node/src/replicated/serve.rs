@@ -27,7 +27,7 @@ use trireme_types::{BlockTarget, Generation, SnapshotId, TargetError, VolumeName
 use super::clock::Clock;
 use super::meta::{ReplicaMeta, ReplicationMeta};
 use super::wire::{push_frame, read_to_replica, write_frame, LinkOpen};
-use crate::cluster::Cluster;
+use crate::cluster::replication_port::ControlPort;
 use crate::{Node, NodeError};
 use trireme_control::ReplicaKind;
 
@@ -36,7 +36,7 @@ const LINK_BUFFER_BYTES: usize = 256 * 1024;
 pub struct ReplicaService {
     node: Arc<Node>,
     /// The cluster state says which volumes this node is a tiebreaker of.
-    cluster: Arc<Cluster>,
+    control: Arc<dyn ControlPort>,
     meta: Arc<ReplicationMeta>,
     cluster_secret: Vec<u8>,
     sides: Mutex<BTreeMap<VolumeName, Arc<Mutex<ReplicaSide>>>>,
@@ -66,15 +66,14 @@ pub fn replica_error(error: TargetError) -> ReplicaError {
 impl ReplicaService {
     pub fn new(
         node: Arc<Node>,
-        cluster: Arc<Cluster>,
+        control: Arc<dyn ControlPort>,
         meta: Arc<ReplicationMeta>,
-        cluster_secret: Vec<u8>,
     ) -> Arc<Self> {
         Arc::new(ReplicaService {
             node,
-            cluster,
+            cluster_secret: control.link_secret(),
+            control,
             meta,
-            cluster_secret,
             sides: Mutex::new(BTreeMap::new()),
             next_link: AtomicU64::new(1),
             clock: Clock::start(),
@@ -238,8 +237,8 @@ impl ReplicaService {
     }
 
     fn is_tiebreaker(&self, name: &VolumeName) -> bool {
-        let me = self.cluster.node_id();
-        let state = self.cluster.state.read();
+        let me = self.control.node_id();
+        let state = self.control.state().read();
         state.volumes.get(name).is_some_and(|volume| {
             volume
                 .replica(me)

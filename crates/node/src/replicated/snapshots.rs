@@ -22,7 +22,6 @@ use trireme_control::{
 use trireme_types::{NodeId, SnapshotId, VolumeName};
 
 use super::Replication;
-use crate::cluster::Cluster;
 use crate::NodeError;
 
 /// Snapshot space is reported again when a number moved by more than this
@@ -48,22 +47,19 @@ fn space_moved(recorded_bytes: u64, measured_bytes: u64) -> bool {
     recorded_bytes.abs_diff(measured_bytes) > threshold
 }
 
-async fn write(cluster: &Cluster, command: Command) -> Result<(), NodeError> {
-    cluster
-        .write(command)
-        .await
-        .map(|_| ())
-        .map_err(|error| NodeError::Internal(error.to_string()))
-}
-
 impl Replication {
+    async fn write(&self, command: Command) -> Result<(), NodeError> {
+        self.control
+            .propose(command)
+            .await
+            .map(|_| ())
+            .map_err(|error| NodeError::Internal(error.to_string()))
+    }
+
     pub async fn reconcile_snapshots(self: &Arc<Self>) -> Result<(), NodeError> {
-        let Some((cluster, _)) = self.cluster.get() else {
-            return Ok(());
-        };
-        let me = cluster.node_id();
+        let me = self.control.node_id();
         let (volumes, next_snapshot_id): (Vec<VolumeRecord>, u64) = {
-            let state = cluster.state.read();
+            let state = self.control.state().read();
             (
                 state
                     .volumes
@@ -82,58 +78,49 @@ impl Replication {
                 .is_some_and(|replica| replica.observed == ReplicaObserved::Ready)
                 && volume.is_diskful_on(me);
             if replica_ready {
-                self.fence_detached(cluster, &volume).await?;
-                self.roll_back(cluster, &volume).await?;
+                self.fence_detached(&volume).await?;
+                self.roll_back(&volume).await?;
             }
             for snapshot in &volume.snapshots {
-                self.work_on(cluster, &volume, snapshot, replica_ready)
-                    .await?;
+                self.work_on(&volume, snapshot, replica_ready).await?;
             }
             if replica_ready {
                 self.remove_orphans(&volume, next_snapshot_id).await?;
-                self.report_space(cluster, &volume).await?;
+                self.report_space(&volume).await?;
             }
         }
         Ok(())
     }
 
-    async fn fence_detached(
-        &self,
-        cluster: &Cluster,
-        volume: &VolumeRecord,
-    ) -> Result<(), NodeError> {
-        let me = cluster.node_id();
+    async fn fence_detached(&self, volume: &VolumeRecord) -> Result<(), NodeError> {
+        let me = self.control.node_id();
         if !volume.primaries.is_empty() || volume.fenced.contains(&me) {
             return Ok(());
         }
-        let (_, service) = self.cluster.get().expect("checked by the caller");
-        let (service, name, generation) = (service.clone(), volume.name.clone(), volume.generation);
+        let (service, name, generation) =
+            (self.service.clone(), volume.name.clone(), volume.generation);
         tokio::task::spawn_blocking(move || service.fence(&name, generation))
             .await
             .map_err(|error| NodeError::Internal(error.to_string()))??;
         tracing::info!(volume = %volume.name, generation = %volume.generation, "detached: generation fenced");
-        write(
-            cluster,
-            Command::ReportFenced {
-                volume: volume.name.clone(),
-                node: me,
-                generation: volume.generation,
-            },
-        )
+        self.write(Command::ReportFenced {
+            volume: volume.name.clone(),
+            node: me,
+            generation: volume.generation,
+        })
         .await
     }
 
-    async fn roll_back(&self, cluster: &Cluster, volume: &VolumeRecord) -> Result<(), NodeError> {
-        let me = cluster.node_id();
+    async fn roll_back(&self, volume: &VolumeRecord) -> Result<(), NodeError> {
+        let me = self.control.node_id();
         let Some(rollback) = &volume.rollback else {
             return Ok(());
         };
         if !rollback.pending.contains(&me) {
             return Ok(());
         }
-        let (_, service) = self.cluster.get().expect("checked by the caller");
         let (service, node, name, generation, id) = (
-            service.clone(),
+            self.service.clone(),
             self.node.clone(),
             volume.name.clone(),
             volume.generation,
@@ -151,14 +138,11 @@ impl Replication {
         .map_err(|error| NodeError::Internal(error.to_string()))?;
         match result {
             Ok(()) => {
-                write(
-                    cluster,
-                    Command::RolledBack {
-                        volume: volume.name.clone(),
-                        node: me,
-                        snapshot: id,
-                    },
-                )
+                self.write(Command::RolledBack {
+                    volume: volume.name.clone(),
+                    node: me,
+                    snapshot: id,
+                })
                 .await
             }
             Err(error) => {
@@ -170,12 +154,11 @@ impl Replication {
 
     async fn work_on(
         self: &Arc<Self>,
-        cluster: &Cluster,
         volume: &VolumeRecord,
         snapshot: &SnapshotRecord,
         replica_ready: bool,
     ) -> Result<(), NodeError> {
-        let me = cluster.node_id();
+        let me = self.control.node_id();
         match &snapshot.state {
             SnapshotState::Creating {
                 taker: SnapshotTaker::Primary { node },
@@ -189,21 +172,18 @@ impl Replication {
                         targets, answered, ..
                     },
             } if replica_ready && targets.contains(&me) && !answered.contains(&me) => {
-                self.take_detached(cluster, volume, snapshot).await
+                self.take_detached(volume, snapshot).await
             }
             SnapshotState::Deleting if snapshot.nodes.contains(&me) => {
                 let (name, id) = (volume.name.clone(), snapshot.id);
                 self.node
                     .blocking(move |node| node.delete_snapshot(&name, id))
                     .await?;
-                write(
-                    cluster,
-                    Command::SnapshotRemoved {
-                        volume: volume.name.clone(),
-                        id: snapshot.id,
-                        node: me,
-                    },
-                )
+                self.write(Command::SnapshotRemoved {
+                    volume: volume.name.clone(),
+                    id: snapshot.id,
+                    node: me,
+                })
                 .await
             }
             _ => Ok(()),
@@ -228,18 +208,16 @@ impl Replication {
         let volume = volume.clone();
         tokio::spawn(async move {
             let outcome = engine.take_snapshot(id).await;
-            let Some((cluster, _)) = this.cluster.get() else {
-                return;
-            };
             let (holders, error) = match outcome {
                 Ok(nodes) => (nodes, None),
                 Err(error) => (BTreeSet::new(), Some(error)),
             };
-            let result = cluster
-                .write(Command::ReportSnapshot {
+            let result = this
+                .control
+                .propose(Command::ReportSnapshot {
                     volume: volume.clone(),
                     id,
-                    from: cluster.node_id(),
+                    from: this.control.node_id(),
                     holders,
                     error,
                 })
@@ -258,14 +236,12 @@ impl Replication {
     /// generation the snapshot was asked at.
     async fn take_detached(
         &self,
-        cluster: &Cluster,
         volume: &VolumeRecord,
         snapshot: &SnapshotRecord,
     ) -> Result<(), NodeError> {
-        let me = cluster.node_id();
-        let (_, service) = self.cluster.get().expect("checked by the caller");
+        let me = self.control.node_id();
         let (service, node, name, generation, id) = (
-            service.clone(),
+            self.service.clone(),
             self.node.clone(),
             volume.name.clone(),
             snapshot.generation,
@@ -288,16 +264,13 @@ impl Replication {
                 (BTreeSet::new(), Some(error))
             }
         };
-        write(
-            cluster,
-            Command::ReportSnapshot {
-                volume: volume.name.clone(),
-                id: snapshot.id,
-                from: me,
-                holders,
-                error,
-            },
-        )
+        self.write(Command::ReportSnapshot {
+            volume: volume.name.clone(),
+            id: snapshot.id,
+            from: me,
+            holders,
+            error,
+        })
         .await
     }
 
@@ -328,12 +301,8 @@ impl Replication {
     }
 
     /// The first holder of each snapshot reports its space when it moved.
-    async fn report_space(
-        &self,
-        cluster: &Cluster,
-        volume: &VolumeRecord,
-    ) -> Result<(), NodeError> {
-        let me = cluster.node_id();
+    async fn report_space(&self, volume: &VolumeRecord) -> Result<(), NodeError> {
+        let me = self.control.node_id();
         let reporting: BTreeMap<SnapshotId, &SnapshotRecord> = volume
             .snapshots
             .iter()
@@ -360,13 +329,10 @@ impl Replication {
         if spaces.is_empty() {
             return Ok(());
         }
-        write(
-            cluster,
-            Command::ReportSnapshotSpace {
-                volume: volume.name.clone(),
-                spaces,
-            },
-        )
+        self.write(Command::ReportSnapshotSpace {
+            volume: volume.name.clone(),
+            spaces,
+        })
         .await
     }
 }

@@ -22,7 +22,7 @@ use super::super::serve::ReplicaService;
 use super::super::wire::Frames;
 use super::tasks::PersistJob;
 use super::{Core, Input, LinkSender, Reply};
-use crate::cluster::Cluster;
+use crate::cluster::replication_port::ControlPort;
 
 /// Wait before reconnecting a link that failed or closed.
 const RECONNECT_DELAY: Duration = Duration::from_millis(500);
@@ -67,7 +67,7 @@ pub(super) struct DriverStart {
     pub me: NodeId,
     pub volume: VolumeName,
     pub generation: Generation,
-    pub cluster: Arc<Cluster>,
+    pub cluster: Arc<dyn ControlPort>,
     pub replicas: Arc<ReplicaService>,
     pub local: Option<Arc<Volume>>,
     pub core: Weak<Core>,
@@ -86,7 +86,8 @@ pub(super) struct Driver {
     me: NodeId,
     pub volume: VolumeName,
     pub generation: Generation,
-    cluster: Arc<Cluster>,
+    /// The cluster, as replication sees it.
+    cluster: Arc<dyn ControlPort>,
     replicas: Arc<ReplicaService>,
     local: Option<Arc<Volume>>,
     core: Weak<Core>,
@@ -370,7 +371,7 @@ impl Driver {
         let cluster = self.cluster.clone();
         let volume = self.volume.clone();
         tokio::spawn(async move {
-            if let Err(error) = cluster.write(Command::RecordEvent { event }).await {
+            if let Err(error) = cluster.propose(Command::RecordEvent { event }).await {
                 tracing::warn!(%volume, "could not log the read repairs: {error}");
             }
         });
@@ -534,12 +535,12 @@ impl Driver {
         }
         let address = self
             .cluster
-            .state
+            .state()
             .read()
             .nodes
             .get(&to)
             .and_then(|node| node.data_address.clone());
-        let secret = self.cluster.identity.secret_bytes();
+        let secret = self.cluster.link_secret();
         let task = super::remote::spawn_connect(super::remote::Connect {
             to,
             epoch,

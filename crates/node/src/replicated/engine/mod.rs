@@ -48,8 +48,7 @@ pub type SnapshotOutcome = Result<std::collections::BTreeSet<NodeId>, String>;
 use super::clock::Clock;
 use super::serve::ReplicaService;
 use super::ReplicationMeta;
-use crate::cluster::replication_port::EnginePort;
-use crate::cluster::Cluster;
+use crate::cluster::replication_port::{ControlPort, EnginePort};
 use driver::Driver;
 
 /// Where a link's messages go: a peer's socket, or this node's own copy,
@@ -267,7 +266,7 @@ impl EngineHandle {
 }
 
 pub(crate) struct EngineStart {
-    pub cluster: Arc<Cluster>,
+    pub control: Arc<dyn ControlPort>,
     pub replicas: Arc<ReplicaService>,
     pub meta: Arc<ReplicationMeta>,
     pub record: VolumeRecord,
@@ -302,7 +301,7 @@ fn data_regions(volume: &Volume) -> Option<RegionSet> {
 
 /// Starts the engine of an attached volume (on the node's runtime).
 pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::NodeError> {
-    let me = start.cluster.node_id();
+    let me = start.control.node_id();
     let record = start.record;
     let dirty_maps: BTreeMap<NodeId, DirtyMap> = start.meta.dirty_maps(&record.name)?;
     let config = Config {
@@ -332,7 +331,7 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
             me,
             volume: record.name.clone(),
             generation: record.generation,
-            cluster: start.cluster.clone(),
+            cluster: start.control.clone(),
             replicas: start.replicas,
             local: start.local.clone(),
             core: core.clone(),
@@ -344,7 +343,7 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
             local_readable: local_readable.clone(),
             lease_until: lease_until.clone(),
             clock,
-            port: Box::new(EnginePort::new(start.cluster.clone(), {
+            port: Box::new(EnginePort::new(start.control.clone(), {
                 let core = core.clone();
                 Arc::new(move |id, answer| {
                     if let Some(core) = core.upgrade() {
@@ -369,7 +368,7 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
         clock,
         stopped: stopped.clone(),
     });
-    tasks::spawn_view_watch(start.cluster, record.name.clone(), Arc::downgrade(&core));
+    tasks::spawn_view_watch(start.control, record.name.clone(), Arc::downgrade(&core));
     if resync_only {
         tracing::info!(volume = %record.name, generation = %record.generation, "resync engine starting: the volume is detached and a replica is behind");
     } else {

@@ -10,7 +10,7 @@ use trireme_types::{NodeId, VolumeName};
 
 use super::super::ReplicationMeta;
 use super::{Core, Input};
-use crate::cluster::Cluster;
+use crate::cluster::replication_port::ControlPort;
 
 pub(crate) struct PersistJob {
     pub token: Option<u64>,
@@ -63,11 +63,15 @@ pub(super) fn spawn_persister(
 
 /// Sends the volume's record to the engine whenever it changes, and the
 /// cluster's resync rate.
-pub(super) fn spawn_view_watch(cluster: Arc<Cluster>, volume: VolumeName, core: Weak<Core>) {
+pub(super) fn spawn_view_watch(
+    control: Arc<dyn ControlPort>,
+    volume: VolumeName,
+    core: Weak<Core>,
+) {
     tokio::spawn(async move {
-        let mut changes = cluster.state.subscribe();
+        let mut changes = control.state().subscribe();
         let (mut last, mut last_rate) = {
-            let state = cluster.state.read();
+            let state = control.state().read();
             (
                 state.volumes.get(&volume).cloned(),
                 state.settings.resync_rate_bytes_per_sec,
@@ -78,7 +82,7 @@ pub(super) fn spawn_view_watch(cluster: Arc<Cluster>, volume: VolumeName, core: 
                 return;
             }
             let (record, rate) = {
-                let state = cluster.state.read();
+                let state = control.state().read();
                 (
                     state.volumes.get(&volume).cloned(),
                     state.settings.resync_rate_bytes_per_sec,
