@@ -581,14 +581,27 @@ fn a_peer_outage_is_logged_once_and_logs_are_json() {
     );
 }
 
+/// The warnings of `status`'s `misplaced_volumes`, each checked against
+/// its typed fields and found among the `warnings` too.
 fn placement_warnings(node: &TestNode) -> Vec<String> {
-    status(node)["warnings"]
+    let status = status(node);
+    let warnings = status["warnings"].as_array().unwrap();
+    status["misplaced_volumes"]
         .as_array()
         .unwrap()
         .iter()
-        .filter_map(|warning| warning.as_str())
-        .filter(|warning| warning.contains("no longer satisfies its group"))
-        .map(String::from)
+        .map(|misplaced| {
+            let warning = misplaced["warning"].as_str().unwrap();
+            for field in ["volume", "group", "node", "reason"] {
+                let value = misplaced[field].as_str().unwrap();
+                assert!(
+                    warning.contains(value),
+                    "{field} '{value}' not in '{warning}'"
+                );
+            }
+            assert!(warnings.iter().any(|w| w == warning), "{status:#}");
+            warning.to_string()
+        })
         .collect()
 }
 
@@ -644,6 +657,22 @@ fn labels_and_groups_change_and_placement_is_rechecked() {
         warning.contains("volume v") && warning.contains("replica remove v --node g2"),
         "{warning}"
     );
+    let misplaced = &status(&first)["misplaced_volumes"][0];
+    assert_eq!(
+        (
+            &misplaced["volume"],
+            &misplaced["group"],
+            &misplaced["node"]
+        ),
+        (
+            &serde_json::json!("v"),
+            &serde_json::json!("zoned"),
+            &serde_json::json!("g2")
+        ),
+        "{misplaced:#}"
+    );
+    // The CLI prints what `status` says.
+    assert!(said.contains(&format!("warning: {warning}")), "{said}");
     first.cli(&["node", "label", "g2", "rack-"]);
     let shown = first.cli_json(&["node", "show", "g2"]);
     assert!(shown["labels"].get("rack").is_none(), "{shown:#}");

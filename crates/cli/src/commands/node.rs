@@ -89,19 +89,15 @@ fn labels_text(labels: &std::collections::BTreeMap<String, String>) -> String {
 }
 
 /// After a label or group change: the volumes whose replicas no longer
-/// satisfy their group, as `status` words them (with the commands).
+/// satisfy their group (`status`'s `misplaced_volumes`), each with the
+/// warning that gives the commands.
 pub fn print_placement_warnings(client: &Client) -> Result<()> {
     let status: StatusResponse = client.get("/status")?.parse()?;
-    let misplaced: Vec<&String> = status
-        .warnings
-        .iter()
-        .filter(|warning| warning.contains("no longer satisfies its group"))
-        .collect();
-    if misplaced.is_empty() {
+    if status.misplaced_volumes.is_empty() {
         println!("every volume's placement still satisfies its group");
     }
-    for warning in misplaced {
-        println!("warning: {warning}");
+    for misplaced in &status.misplaced_volumes {
+        println!("warning: {}", misplaced.warning);
     }
     Ok(())
 }

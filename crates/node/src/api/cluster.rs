@@ -13,8 +13,8 @@ use trireme_control::{
 use trireme_types::{format_size, DeviceClass, GroupName, NodeName, PoolName};
 
 use super::model::{
-    CountBy, ErrorBody, GroupBody, JoinTokenResponse, NodeEntry, SettingsBody, StatusResponse,
-    SyncResponse, VolumeCounts,
+    CountBy, ErrorBody, GroupBody, JoinTokenResponse, MisplacedReplica, NodeEntry, SettingsBody,
+    StatusResponse, SyncResponse, VolumeCounts,
 };
 use super::volumes::{sync_response, volume_state};
 use super::{ApiError, ApiJson, ApiState};
@@ -313,17 +313,24 @@ fn eta_text(seconds: u64) -> String {
     }
 }
 
-/// A warning per replica placed against its group's rules (after a label
-/// or group change), with the commands that move it.
-fn placement_warnings(volume: &VolumeRecord, state: &ClusterState) -> Vec<String> {
+/// The replicas placed against their group's rules (after a label or
+/// group change), each with a warning that gives the commands that move it.
+fn misplaced_replicas(volume: &VolumeRecord, state: &ClusterState) -> Vec<MisplacedReplica> {
     trireme_control::conformance::misplaced_replicas(state, volume)
         .into_iter()
         .map(|misplaced| {
             let node = state.node_name(misplaced.node);
-            format!(
+            let warning = format!(
                 "volume {} no longer satisfies its group {}: {}. To move that replica: `trireme volume replica add {}`, wait for it (`trireme volume show {} --wait`), then `trireme volume replica remove {} --node {node}`",
                 volume.name, volume.group, misplaced.reason, volume.name, volume.name, volume.name
-            )
+            );
+            MisplacedReplica {
+                volume: volume.name.to_string(),
+                group: volume.group.to_string(),
+                node,
+                reason: misplaced.reason,
+                warning,
+            }
         })
         .collect()
 }
@@ -608,6 +615,7 @@ pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
     let voter_ids: BTreeSet<u64> = membership.voter_ids().collect();
     let learner_ids: Vec<u64> = membership.learner_ids().collect();
     let mut warnings = Vec::new();
+    let mut misplaced_volumes = Vec::new();
     let mut nodes = CountBy::default();
     let (mut pools, mut capacity, mut free) = (0, 0, 0);
     for node in cluster_state.nodes.values() {
@@ -702,7 +710,10 @@ pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
         if !volume.deleting {
             warnings.extend(resync_warnings(volume, &cluster_state, now_ms));
         }
-        warnings.extend(placement_warnings(volume, &cluster_state));
+        for misplaced in misplaced_replicas(volume, &cluster_state) {
+            warnings.push(misplaced.warning.clone());
+            misplaced_volumes.push(misplaced);
+        }
     }
     let this_node = cluster_state.node_name(state.cluster.node_id());
     Json(StatusResponse {
@@ -730,6 +741,7 @@ pub async fn status(State(state): State<ApiState>) -> Json<StatusResponse> {
         provisioned_bytes: provisioned,
         volumes,
         warnings,
+        misplaced_volumes,
         eviction_enabled: cluster_state.settings.eviction_enabled,
         eviction_delay_secs: cluster_state.settings.eviction_delay_secs,
     })

@@ -535,8 +535,25 @@ pub struct StatusResponse {
     pub volumes: VolumeCounts,
     /// Each names what is wrong and the action to take.
     pub warnings: Vec<String>,
+    /// The replicas placed against their group's rules (after a label or
+    /// group change), each also one of `warnings`.
+    #[serde(default)]
+    pub misplaced_volumes: Vec<MisplacedReplica>,
     pub eviction_enabled: bool,
     pub eviction_delay_secs: u64,
+}
+
+/// A replica that no longer satisfies its volume's group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MisplacedReplica {
+    pub volume: String,
+    pub group: String,
+    /// The node whose replica should move.
+    pub node: String,
+    /// What is wrong, in the words of the group's settings.
+    pub reason: String,
+    /// The warning as `warnings` words it, with the commands that move it.
+    pub warning: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
