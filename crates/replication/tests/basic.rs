@@ -1,10 +1,11 @@
 //! The engine over a perfect network with in-memory replicas: the happy
 //! paths. The simulator (trireme-sim) covers faults.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use trireme_replication::driver::replica::{ReplicaDriver, Step};
+use trireme_replication::driver::replica::{execute, ReplicaDriver, ReplicaStore, Step};
 use trireme_replication::*;
-use trireme_types::{Generation, NodeId};
+use trireme_types::{Generation, NodeId, SnapshotId};
 
 const SIZE: u64 = 8 << 20;
 
@@ -29,6 +30,74 @@ fn fingerprint(bytes: &[u8]) -> u128 {
     bytes.hash(&mut hasher);
     let low = hasher.finish();
     (low as u128) << 64 | bytes.len() as u128
+}
+
+/// A replica's in-memory copy as the driver's [`ReplicaStore`]: admitted
+/// messages are carried out by the driver's own `execute`, as on a node.
+struct ReplicaCopy<'a>(RefCell<&'a mut Replica>);
+
+impl ReplicaStore for ReplicaCopy<'_> {
+    fn size_bytes(&self) -> u64 {
+        self.0.borrow().data.len() as u64
+    }
+
+    fn write(&self, offset: u64, payload: Payload, _fua: bool) -> Result<(), ReplicaError> {
+        let replica = &mut *self.0.borrow_mut();
+        if replica.full && matches!(payload, Payload::Data(_)) {
+            return Err(ReplicaError::NoSpace("p".into()));
+        }
+        let range = offset as usize..(offset + payload.length()) as usize;
+        if let Payload::Data(data) = &payload {
+            replica.zero_blocks_written += data
+                .chunks(4096)
+                .filter(|block| block.iter().all(|&byte| byte == 0))
+                .count() as u64;
+        }
+        for block in range.start / 4096..range.end / 4096 {
+            replica.bad_blocks.remove(&(block as u64));
+        }
+        match &payload {
+            Payload::Data(data) => replica.data[range].copy_from_slice(data),
+            Payload::Zeroes { .. } => replica.data[range].fill(0),
+        }
+        Ok(())
+    }
+
+    /// Nothing is volatile here: every write is durable at once.
+    fn flush(&self) -> Result<(), ReplicaError> {
+        Ok(())
+    }
+
+    fn read(&self, offset: u64, length: u64) -> Result<ReadData, ReplicaError> {
+        let replica = self.0.borrow();
+        let mut blocks = offset / 4096..(offset + length) / 4096;
+        if blocks.any(|block| replica.bad_blocks.contains(&block)) {
+            return Err(ReplicaError::Checksum(format!(
+                "a block of {offset}+{length}"
+            )));
+        }
+        Ok(ReadData::Data(
+            replica.data[offset as usize..(offset + length) as usize].to_vec(),
+        ))
+    }
+
+    fn hashes(&self, offset: u64, length: u64) -> Result<Vec<BlockHash>, ReplicaError> {
+        let replica = self.0.borrow();
+        Ok((offset / 4096..(offset + length) / 4096)
+            .map(|block| {
+                if replica.bad_blocks.contains(&block) {
+                    BlockHash::Unreadable
+                } else {
+                    let at = (block * 4096) as usize;
+                    BlockHash::Hash(fingerprint(&replica.data[at..at + 4096]))
+                }
+            })
+            .collect())
+    }
+
+    fn snapshot(&self, _snapshot: SnapshotId) -> Result<(), ReplicaError> {
+        Ok(())
+    }
 }
 
 struct World {
@@ -122,8 +191,8 @@ impl World {
                 if !replica.up {
                     return;
                 }
-                // The node's own replica driver decides; this world
-                // carries it out on its in-memory copy.
+                // The node's own replica driver decides, and its `execute`
+                // carries the message out on this world's in-memory copy.
                 let message =
                     match ReplicaDriver::new().receive(&mut replica.side, to.0, message, now, true)
                     {
@@ -140,82 +209,7 @@ impl World {
                         Step::DataForTiebreaker => panic!("every replica here holds data"),
                         Step::Store(message) => message,
                     };
-                let reply = match &message {
-                    ToReplica::Write {
-                        seq,
-                        offset,
-                        payload,
-                        ..
-                    } => {
-                        if replica.full && matches!(payload, Payload::Data(_)) {
-                            self.outbox.push_back((
-                                to,
-                                FromReplica::Ack {
-                                    seq: *seq,
-                                    result: Err(ReplicaError::NoSpace("p".into())),
-                                },
-                            ));
-                            return;
-                        }
-                        let range = *offset as usize..(*offset + payload.length()) as usize;
-                        if let Payload::Data(data) = payload {
-                            replica.zero_blocks_written +=
-                                data.chunks(4096)
-                                    .filter(|block| block.iter().all(|&byte| byte == 0))
-                                    .count() as u64;
-                        }
-                        for block in range.start / 4096..range.end / 4096 {
-                            replica.bad_blocks.remove(&(block as u64));
-                        }
-                        match payload {
-                            Payload::Data(data) => replica.data[range].copy_from_slice(data),
-                            Payload::Zeroes { .. } => replica.data[range].fill(0),
-                        }
-                        FromReplica::Ack {
-                            seq: *seq,
-                            result: Ok(()),
-                        }
-                    }
-                    ToReplica::Flush { seq } | ToReplica::Snapshot { seq, .. } => {
-                        FromReplica::Ack {
-                            seq: *seq,
-                            result: Ok(()),
-                        }
-                    }
-                    ToReplica::Read { id, offset, length } => {
-                        let blocks = offset / 4096..(offset + length) / 4096;
-                        let result = if blocks.clone().any(|b| replica.bad_blocks.contains(&b)) {
-                            Err(ReplicaError::Checksum(format!(
-                                "a block of {offset}+{length}"
-                            )))
-                        } else {
-                            Ok(ReadData::Data(
-                                replica.data[*offset as usize..(*offset + *length) as usize]
-                                    .to_vec(),
-                            ))
-                        };
-                        FromReplica::ReadReply { id: *id, result }
-                    }
-                    ToReplica::Hash { id, offset, length } => {
-                        let hashes = (offset / 4096..(offset + length) / 4096)
-                            .map(|block| {
-                                if replica.bad_blocks.contains(&block) {
-                                    BlockHash::Unreadable
-                                } else {
-                                    let at = (block * 4096) as usize;
-                                    BlockHash::Hash(fingerprint(&replica.data[at..at + 4096]))
-                                }
-                            })
-                            .collect();
-                        FromReplica::HashReply {
-                            id: *id,
-                            result: Ok(hashes),
-                        }
-                    }
-                    ToReplica::Hello { .. } | ToReplica::Goodbye | ToReplica::Ping { .. } => {
-                        unreachable!("the driver answers these")
-                    }
-                };
+                let reply = execute(&ReplicaCopy(RefCell::new(replica)), message);
                 self.outbox.push_back((to, reply));
             }
             Action::Reset { to } => self.primary.link_down(to, self.now),

@@ -6,8 +6,9 @@
 //! keeps only the durable one), link ids, replies that a slow replica holds
 //! back, and a control plane whose answers each test scripts.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use trireme_replication::driver::replica::{ReplicaDriver, Step};
+use trireme_replication::driver::replica::{execute, ReplicaDriver, ReplicaStore, Step};
 use trireme_replication::primary::NO_QUORUM_FAIL_MS;
 use trireme_replication::*;
 use trireme_types::{Generation, NodeId, SnapshotId};
@@ -73,6 +74,76 @@ impl Replica {
             write_error: false,
             corrupt: BTreeSet::new(),
         }
+    }
+}
+
+/// A replica's in-memory copy as the driver's [`ReplicaStore`]: admitted
+/// messages are carried out by the driver's own `execute`, as on a node.
+struct ReplicaCopy<'a>(RefCell<&'a mut Replica>);
+
+impl ReplicaStore for ReplicaCopy<'_> {
+    fn size_bytes(&self) -> u64 {
+        self.0.borrow().data.len() as u64
+    }
+
+    fn write(&self, offset: u64, payload: Payload, fua: bool) -> Result<(), ReplicaError> {
+        let replica = &mut *self.0.borrow_mut();
+        if replica.io_error || replica.write_error {
+            return Err(ReplicaError::Io("device".into()));
+        }
+        let range = offset as usize..(offset + payload.length()) as usize;
+        match &payload {
+            Payload::Data(data) => replica.data[range.clone()].copy_from_slice(data),
+            Payload::Zeroes { .. } => replica.data[range.clone()].fill(0),
+        }
+        if fua {
+            let copy = replica.data[range.clone()].to_vec();
+            replica.durable[range].copy_from_slice(&copy);
+        }
+        for block in offset / 4096..(offset + payload.length()) / 4096 {
+            replica.corrupt.remove(&block);
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), ReplicaError> {
+        let replica = &mut *self.0.borrow_mut();
+        if replica.io_error {
+            return Err(ReplicaError::Io("device".into()));
+        }
+        replica.durable = replica.data.clone();
+        Ok(())
+    }
+
+    fn read(&self, offset: u64, length: u64) -> Result<ReadData, ReplicaError> {
+        let replica = self.0.borrow();
+        if let Some(block) =
+            (offset / 4096..(offset + length) / 4096).find(|block| replica.corrupt.contains(block))
+        {
+            return Err(ReplicaError::Checksum(format!("block {block}")));
+        }
+        Ok(ReadData::Data(
+            replica.data[offset as usize..(offset + length) as usize].to_vec(),
+        ))
+    }
+
+    fn hashes(&self, offset: u64, length: u64) -> Result<Vec<BlockHash>, ReplicaError> {
+        let replica = self.0.borrow();
+        Ok((offset / 4096..(offset + length) / 4096)
+            .map(|block| {
+                if replica.corrupt.contains(&block) {
+                    BlockHash::Unreadable
+                } else {
+                    let at = (block * 4096) as usize;
+                    BlockHash::Hash(fingerprint(&replica.data[at..at + 4096]))
+                }
+            })
+            .collect())
+    }
+
+    /// A snapshot is a flush here: the copy keeps no snapshots.
+    fn snapshot(&self, _snapshot: SnapshotId) -> Result<(), ReplicaError> {
+        self.flush()
     }
 }
 
@@ -374,8 +445,8 @@ impl World {
         let now = self.now;
         let replica = self.replicas.get_mut(&node).expect("a replica");
         let hello = matches!(message, ToReplica::Hello { .. }).then(|| message.clone());
-        // The node's own replica driver decides; this world carries it out
-        // on its in-memory copy.
+        // The node's own replica driver decides, and its `execute` carries
+        // the message out on this world's in-memory copy.
         match ReplicaDriver::new().receive(&mut replica.side, link, message, now, true) {
             Step::Reply(reply) | Step::Refuse(reply) => vec![reply],
             Step::Wait { until_ms } => {
@@ -396,75 +467,7 @@ impl World {
                 Vec::new()
             }
             Step::DataForTiebreaker => panic!("every replica here holds data"),
-            Step::Store(message) => match message {
-                ToReplica::Write {
-                    seq,
-                    offset,
-                    payload,
-                    fua,
-                    ..
-                } => {
-                    let result = if replica.io_error || replica.write_error {
-                        Err(ReplicaError::Io("device".into()))
-                    } else {
-                        let range = offset as usize..(offset + payload.length()) as usize;
-                        match &payload {
-                            Payload::Data(data) => {
-                                replica.data[range.clone()].copy_from_slice(data)
-                            }
-                            Payload::Zeroes { .. } => replica.data[range.clone()].fill(0),
-                        }
-                        if fua {
-                            let copy = replica.data[range.clone()].to_vec();
-                            replica.durable[range].copy_from_slice(&copy);
-                        }
-                        for block in offset / 4096..(offset + payload.length()) / 4096 {
-                            replica.corrupt.remove(&block);
-                        }
-                        Ok(())
-                    };
-                    vec![FromReplica::Ack { seq, result }]
-                }
-                ToReplica::Flush { seq } | ToReplica::Snapshot { seq, .. } => {
-                    let result = if replica.io_error {
-                        Err(ReplicaError::Io("device".into()))
-                    } else {
-                        replica.durable = replica.data.clone();
-                        Ok(())
-                    };
-                    vec![FromReplica::Ack { seq, result }]
-                }
-                ToReplica::Read { id, offset, length } => {
-                    let bad = (offset / 4096..(offset + length) / 4096)
-                        .find(|block| replica.corrupt.contains(block));
-                    let result = match bad {
-                        Some(block) => Err(ReplicaError::Checksum(format!("block {block}"))),
-                        None => Ok(ReadData::Data(
-                            replica.data[offset as usize..(offset + length) as usize].to_vec(),
-                        )),
-                    };
-                    vec![FromReplica::ReadReply { id, result }]
-                }
-                ToReplica::Hash { id, offset, length } => {
-                    let hashes = (offset / 4096..(offset + length) / 4096)
-                        .map(|block| {
-                            if replica.corrupt.contains(&block) {
-                                BlockHash::Unreadable
-                            } else {
-                                let at = (block * 4096) as usize;
-                                BlockHash::Hash(fingerprint(&replica.data[at..at + 4096]))
-                            }
-                        })
-                        .collect();
-                    vec![FromReplica::HashReply {
-                        id,
-                        result: Ok(hashes),
-                    }]
-                }
-                ToReplica::Hello { .. } | ToReplica::Goodbye | ToReplica::Ping { .. } => {
-                    unreachable!("the driver answers these")
-                }
-            },
+            Step::Store(message) => vec![execute(&ReplicaCopy(RefCell::new(replica)), message)],
         }
     }
 
