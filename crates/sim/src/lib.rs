@@ -12,12 +12,16 @@
 //!   link drops, slow and failing disks, bit flips and failovers, all chosen
 //!   from one seed, checked against a reference model of the volume.
 //!
+//! - [`runner`]: the seed runner of the `sim-*` binaries (threads, a time
+//!   limit, progress, seeds per minute, the replay lines of a failure).
+//!
 //! A failing run names its seed; the same seed replays the same run, so a
 //! failure found once can be replayed, debugged and turned into a test.
 
 pub mod control;
 pub mod disk;
 pub mod replication;
+pub mod runner;
 pub mod store;
 
 pub use control::{run_control_sim, SimConfig, SimReport};

@@ -1,7 +1,7 @@
 //! Runs the replication simulator over many seeds and prints failures.
 //!
 //! ```text
-//! cargo run -p trireme-sim --release --bin sim-replication -- --seeds 10000 [--start S] [--seed N] [--steps K] [--threads T] [--twice] [--trace]
+//! cargo run -p trireme-sim --release --bin sim-replication -- --seeds 10000 [--start S] [--seed N] [--steps K] [--threads T] [--time-limit SECONDS] [--twice] [--trace]
 //! ```
 //!
 //! Each seed draws its own mix (replica count, tiebreaker, volume size,
@@ -9,165 +9,69 @@
 //! overrides the number of steps. `--seed N` runs that one seed (with
 //! `--trace`, every event is printed). `--twice` runs every seed twice and
 //! fails it unless both runs give the same report (a determinism check).
-//! Exits with status 1 when a seed fails.
+//! Prints seeds per minute; exits with status 1 when a seed fails.
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::Instant;
 
-use trireme_sim::{run_replication_sim, ReplicationSimConfig};
+use clap::Parser;
+use trireme_sim::runner::{run_seeds, SeedArgs, Simulator};
+use trireme_sim::{run_replication_sim, ReplicationSimConfig, ReplicationSimReport};
 
-struct Args {
-    seeds: u64,
-    start: u64,
+/// Runs the replication simulator over many seeds.
+#[derive(Parser)]
+#[command(name = "sim-replication")]
+struct Cli {
+    #[command(flatten)]
+    seeds: SeedArgs,
+    /// Steps per run, instead of each seed's own number.
+    #[arg(long)]
     steps: Option<usize>,
-    threads: usize,
-    twice: bool,
-    trace: bool,
 }
 
-fn parse() -> Result<Args, String> {
-    let mut args = Args {
-        seeds: 1000,
-        start: 0,
-        steps: None,
-        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        twice: false,
-        trace: false,
-    };
-    let mut words = std::env::args().skip(1);
-    while let Some(word) = words.next() {
-        let mut value = |name: &str| -> Result<u64, String> {
-            let text = words.next().ok_or(format!("{name} needs a value"))?;
-            text.parse()
-                .map_err(|_| format!("{name} {text}: not a number"))
-        };
-        match word.as_str() {
-            "--seeds" => args.seeds = value("--seeds")?,
-            "--start" => args.start = value("--start")?,
-            "--seed" => {
-                args.start = value("--seed")?;
-                args.seeds = 1;
+struct Replication {
+    steps: Option<usize>,
+}
+
+impl Simulator for Replication {
+    type Report = ReplicationSimReport;
+
+    fn run(&self, seed: u64, trace: bool) -> Result<ReplicationSimReport, String> {
+        let mut config = ReplicationSimConfig::for_seed(seed);
+        if let Some(steps) = self.steps {
+            config.steps = steps;
+        }
+        config.trace = trace;
+        run_replication_sim(seed, config)
+    }
+
+    fn totals(&self, report: &ReplicationSimReport) -> Vec<(u64, &'static str)> {
+        vec![
+            (report.writes_ok, "acknowledged writes"),
+            (report.blocks_checked, "blocks read and checked"),
+        ]
+    }
+
+    fn replay(&self, seed: u64) -> Vec<String> {
+        let mut command = format!(
+            "cargo run -p trireme-sim --release --bin sim-replication -- --seed {seed} --trace"
+        );
+        match self.steps {
+            Some(steps) => {
+                command.push_str(&format!(" --steps {steps}"));
+                vec![command]
             }
-            "--steps" => args.steps = Some(value("--steps")? as usize),
-            "--threads" => args.threads = (value("--threads")? as usize).max(1),
-            "--twice" => args.twice = true,
-            "--trace" => args.trace = true,
-            "--help" | "-h" => {
-                return Err("usage: sim-replication [--seeds N] [--start S] [--seed N] [--steps K] [--threads T] [--twice] [--trace]".into())
-            }
-            other => return Err(format!("unknown argument {other}; see --help")),
+            None => vec![
+                format!("TRIREME_SIM_SEED={seed} cargo test -p trireme-sim --test replication_sim"),
+                command,
+            ],
         }
     }
-    Ok(args)
-}
-
-/// The command that runs one seed again with the same options, printing its
-/// events.
-fn replay_command(args: &Args, seed: u64) -> String {
-    let mut command = format!(
-        "cargo run -p trireme-sim --release --bin sim-replication -- --seed {seed} --trace"
-    );
-    if let Some(steps) = args.steps {
-        command.push_str(&format!(" --steps {steps}"));
-    }
-    command
 }
 
 fn main() -> ExitCode {
-    let args = match parse() {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(2);
-        }
-    };
-    // Failures are reported with their seed below; the default hook would
-    // print each caught panic a second time.
+    let cli = Cli::parse();
+    // Failures are reported with their seed; the default hook would print
+    // each caught panic a second time.
     std::panic::set_hook(Box::new(|_| {}));
-    let started = Instant::now();
-    let next = AtomicU64::new(args.start);
-    let end = args.start + args.seeds;
-    let failures = Mutex::new(Vec::new());
-    let done = AtomicU64::new(0);
-    let writes = AtomicU64::new(0);
-    let checked = AtomicU64::new(0);
-    std::thread::scope(|scope| {
-        for _ in 0..args.threads {
-            scope.spawn(|| loop {
-                let seed = next.fetch_add(1, Ordering::Relaxed);
-                if seed >= end {
-                    return;
-                }
-                let mut config = ReplicationSimConfig::for_seed(seed);
-                if let Some(steps) = args.steps {
-                    config.steps = steps;
-                }
-                config.trace = args.trace;
-                let mut outcome = run_replication_sim(seed, config.clone());
-                if args.twice {
-                    if let Ok(first) = &outcome {
-                        config.trace = false;
-                        match run_replication_sim(seed, config) {
-                            Ok(second) if &second == first => {}
-                            Ok(second) => {
-                                outcome = Err(format!(
-                                    "not deterministic: two runs gave\n{first:#?}\nand\n{second:#?}"
-                                ))
-                            }
-                            Err(error) => {
-                                outcome =
-                                    Err(format!("the second run failed, the first not: {error}"))
-                            }
-                        }
-                    }
-                }
-                match outcome {
-                    Ok(report) => {
-                        writes.fetch_add(report.writes_ok, Ordering::Relaxed);
-                        checked.fetch_add(report.blocks_checked, Ordering::Relaxed);
-                        if args.trace {
-                            println!("{report:#?}");
-                        }
-                    }
-                    Err(error) => {
-                        println!("FAIL seed {seed}:\n{error}");
-                        if args.steps.is_none() {
-                            println!(
-                                "replay: TRIREME_SIM_SEED={seed} cargo test -p trireme-sim --test replication_sim"
-                            );
-                        }
-                        println!("replay: {}\n", replay_command(&args, seed));
-                        failures.lock().unwrap().push(seed);
-                    }
-                }
-                let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
-                if finished.is_multiple_of(500) {
-                    eprintln!(
-                        "{finished}/{} seeds, {:.0} s",
-                        args.seeds,
-                        started.elapsed().as_secs_f64()
-                    );
-                }
-            });
-        }
-    });
-    let mut failures = failures.into_inner().unwrap();
-    failures.sort_unstable();
-    println!(
-        "{} seeds from {} in {:.1} s ({} acknowledged writes, {} blocks read and checked): {} failed {:?}",
-        args.seeds,
-        args.start,
-        started.elapsed().as_secs_f64(),
-        writes.load(Ordering::Relaxed),
-        checked.load(Ordering::Relaxed),
-        failures.len(),
-        failures
-    );
-    if failures.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    run_seeds(&cli.seeds, &Replication { steps: cli.steps }).exit_code()
 }
