@@ -512,16 +512,24 @@ impl Primary {
                 }
             }
         }
-        let mut persist_token = 0;
         for (peer, map) in persist {
-            persist_token = self.persist_next;
-            self.persist_next += 1;
-            self.actions.push(Action::PersistDirty {
-                token: persist_token,
-                peer,
-                map,
-            });
+            self.push_persist(peer, map);
         }
+        // A member that lacks the write must have it named in its durable
+        // map first: wait for the newest persist of the map of each member
+        // outside the set, whether this write added to it or an earlier
+        // change did (a dropped link's regions, say) whose persist may not
+        // be done yet.
+        let persist_token = self
+            .members
+            .values()
+            .filter(|m| {
+                m.kind == Kind::Diskful
+                    && matches!(m.sync, Sync::Outdated { .. } | Sync::Resyncing { .. })
+            })
+            .map(|m| m.map_token)
+            .max()
+            .unwrap_or(0);
         self.writes.insert(
             seq,
             PendingWrite {

@@ -86,13 +86,7 @@ impl Primary {
                     reads: BTreeMap::new(),
                 };
                 member.progress_mark = (self.now_ms, 0);
-                let token = self.persist_next;
-                self.persist_next += 1;
-                self.actions.push(Action::PersistDirty {
-                    token,
-                    peer: from,
-                    map,
-                });
+                self.push_persist(from, map);
             }
             Sync::Resyncing { .. } | Sync::Joining { .. } => {}
         }
@@ -363,8 +357,18 @@ impl Primary {
         let Some(map) = Self::map_of(&self.members[&node], self.view.generation) else {
             return 0;
         };
+        self.push_persist(node, map)
+    }
+
+    /// Asks for `map` to be persisted as `node`'s dirty map; returns the
+    /// token `persisted` will confirm, also kept as the member's
+    /// `map_token`.
+    pub(super) fn push_persist(&mut self, node: NodeId, map: DirtyMap) -> u64 {
         let token = self.persist_next;
         self.persist_next += 1;
+        if let Some(member) = self.members.get_mut(&node) {
+            member.map_token = token;
+        }
         self.actions.push(Action::PersistDirty {
             token,
             peer: node,
@@ -419,13 +423,7 @@ impl Primary {
             // brings must not hold back `settled` and snapshots.
             self.stop_waiting_for(node);
         }
-        let token = self.persist_next;
-        self.persist_next += 1;
-        self.actions.push(Action::PersistDirty {
-            token,
-            peer: node,
-            map,
-        });
+        let token = self.push_persist(node, map);
         // Writes that waited for it may complete now, but only once its
         // map is durable.
         for write in self.writes.values_mut() {
@@ -482,6 +480,9 @@ impl Primary {
         let joining_proposed = member.joining_proposal.is_some();
         let mut outdate = false;
         let mut joining_dropped = false;
+        // Its backlog took regions its durable map may not name (copies
+        // acknowledged but not flushed, writes it had not acknowledged).
+        let mut map_grew = false;
         let mut retry_reads = Vec::new();
         match &mut member.sync {
             _ if kind == Kind::Tiebreaker => {}
@@ -521,8 +522,13 @@ impl Primary {
                     backlog.add(region);
                 }
                 member.sync = Sync::Outdated { backlog };
+                map_grew = true;
             }
-            Sync::Outdated { backlog } => backlog.add_set(&lost),
+            Sync::Outdated { backlog } => {
+                let before = backlog.len(u64::MAX);
+                backlog.add_set(&lost);
+                map_grew = backlog.len(u64::MAX) != before;
+            }
         }
         // Reads that were waiting on it go elsewhere.
         for (&id, read) in &self.reads {
@@ -581,6 +587,17 @@ impl Primary {
             let token = self.persist_map(node);
             for write in self.writes.values_mut() {
                 if write.needed.contains(&node) {
+                    write.persist_token = write.persist_token.max(token);
+                }
+            }
+        } else if map_grew {
+            // Persisted now, not at its next write: an engine that stops
+            // before then would hand its successor a map without them
+            // (seed 1008685). Writes it had not acknowledged complete only
+            // once the map naming their regions is durable.
+            let token = self.persist_map(node);
+            for write in self.writes.values_mut() {
+                if !write.acked.contains(&node) {
                     write.persist_token = write.persist_token.max(token);
                 }
             }

@@ -159,6 +159,11 @@ pub(super) struct Member {
     /// Regions written while it resyncs, kept in its persisted map.
     pub(super) written_during_sync: RegionSet,
     pub(super) progress_mark: (u64, u64),
+    /// The token of the newest `PersistDirty` of its map: a write that
+    /// completes without it must wait for that one, even when the write's
+    /// regions were in the map already (the map naming them may still be
+    /// on its way to the disk).
+    pub(super) map_token: u64,
     /// When we sent (by our clock) the newest message it answered: its
     /// vote for the read lease, whatever its state (it welcomes no newer
     /// primary for a while after it answers).
@@ -191,6 +196,7 @@ impl Member {
             map_since: None,
             written_during_sync: RegionSet::new(),
             progress_mark: (0, 0),
+            map_token: 0,
             answered_sent_ms: None,
             pinged_ms: 0,
             ack_latency: AckLatency::default(),
