@@ -157,6 +157,13 @@ run_step() {
     after=$(snapshot "$spid" "$dfile")
     python3 "$here/steady_report.py" step "$target" "$rep" "$step" "$job" "$base" "$piece" \
         "$t0" "$t1" "$before" "$after" >>"$results"
+    # How trireme's small writes went (in place once, or journaled and why),
+    # summed since the pool opened: which rule sends writes to the journal.
+    if [ "$target" = trireme ] && [ -n "${metrics_url:-}" ]; then
+        curl -sf "$metrics_url" | grep '^trireme_pool_small_writes' | grep -v ' 0$' \
+            >"$base.write-path.txt" || true
+        log "  $target $job write path (cumulative): $(sed -e 's/^trireme_pool_small_writes_//' -e 's/{pool="bench",\?/{/' "$base.write-path.txt" | tr '\n' ' ')"
+    fi
     tail -1 "$results" | python3 -c 'import json,sys; r=json.load(sys.stdin); print("  %-11s #%d %d:%s %9.0f IOPS p99 %8.0f p99.9 %8.0f max %8.0f us  %s  dirty(file) %s MiB WA %s" % (r["target"], r["rep"], r["step"], r["job"], r["iops"], r["p99"], r["p999"], r["max"], r["spark"], r["file_dirty_mib"], r["wa_server"]))' >&2
 }
 
@@ -207,6 +214,7 @@ for rep in $(seq 1 "$REPEAT"); do
                 sleep 0.1
             done
             api=(--api "http://127.0.0.1:$api_port")
+            metrics_url="http://127.0.0.1:$api_port/metrics"
             "$bin" "${api[@]}" pool create bench --path "$SCRATCH/trireme-pool.img" \
                 --size "$pool_bytes" --class ssd >&2 || die "pool create failed"
             "$bin" "${api[@]}" volume create bench --size "$size_bytes" --pool bench >&2 \

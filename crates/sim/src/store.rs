@@ -39,6 +39,10 @@ use crate::disk::{Faults, SimDisk, SimRedbBackend};
 const BLOCK_BYTES: u64 = 4096;
 const BLOCKS_PER_CHUNK: u64 = 16;
 
+/// Idle checkpoints after which the store retires an active region, plus
+/// one (`RETIRE_IDLE_CHECKPOINTS` in crates/store/src/engine/active.rs).
+const RETIRE_CHECKPOINTS: usize = 11;
+
 /// One run's shape, drawn from its seed by [`StoreSimConfig::for_seed`].
 #[derive(Debug, Clone)]
 pub struct StoreSimConfig {
@@ -716,6 +720,13 @@ impl Run {
                         return self.store_failed("emptying the journal", error.to_string())
                     }
                 }
+            }
+        }
+        // Regions retire only when cold (ten idle checkpoints): idle ones
+        // then leave the active set, so there is somewhere to flip.
+        for _ in 0..RETIRE_CHECKPOINTS {
+            if let Err(error) = self.pool().step(Step::Checkpoint) {
+                return self.store_failed("retiring active regions", error.to_string());
             }
         }
         if self.pool().journal_stats().journal_used_bytes != 0 {

@@ -89,6 +89,9 @@ pub struct JournalStats {
     pub unapplied_bytes: u64,
     /// Chunk-map entries changed since the last checkpoint.
     pub dirty_map_entries: u64,
+    /// Small writes since the pool opened: in place once, or journaled
+    /// and why (`docs/store-format.md`, *Small overwrites written once*).
+    pub write_path: crate::WritePathStats,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -465,6 +468,7 @@ impl Pool {
             unapplied_records: state.unapplied.len() as u64,
             unapplied_bytes: state.unapplied_bytes,
             dirty_map_entries: state.dirty_chunks.len() as u64,
+            write_path: state.write_path,
         }
     }
 

@@ -259,6 +259,7 @@ impl Sources {
             mut dirty,
             mut checksum_errors,
         ) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut direct, mut journaled) = (vec![], vec![]);
         for (name, status, pool) in self.node.pool_handles() {
             let labels = vec![label("pool", &name)];
             online.push((labels.clone(), f64::from(u8::from(status.is_some()))));
@@ -273,7 +274,13 @@ impl Sources {
                 journal_used.push((labels.clone(), stats.journal_used_bytes as f64));
                 backlog.push((labels.clone(), stats.unapplied_records as f64));
                 backlog_bytes.push((labels.clone(), stats.unapplied_bytes as f64));
-                dirty.push((labels, stats.dirty_map_entries as f64));
+                dirty.push((labels.clone(), stats.dirty_map_entries as f64));
+                direct.push((labels.clone(), stats.write_path.direct as f64));
+                for reason in trireme_store::Journaled::ALL {
+                    let mut labels = labels.clone();
+                    labels.push(label("reason", reason.name()));
+                    journaled.push((labels, stats.write_path.journaled(reason) as f64));
+                }
             }
         }
         gauges(
@@ -299,6 +306,18 @@ impl Sources {
             "trireme_pool_free_bytes",
             "Bytes of chunks free.",
             &free,
+        )?;
+        counters(
+            encoder,
+            "trireme_pool_small_writes_direct",
+            "Small writes (whole blocks, not whole chunks) written in place once, since the pool opened.",
+            &direct,
+        )?;
+        counters(
+            encoder,
+            "trireme_pool_small_writes_journaled",
+            "Small writes that took the journal (written twice), by the first rule that sent them there, since the pool opened.",
+            &journaled,
         )?;
         counters(
             encoder,

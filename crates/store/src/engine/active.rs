@@ -6,13 +6,120 @@ use super::{bug, Engine, State};
 use crate::active_set::{
     choose, encode_slot, region_of, slot_offset, ACTIVE_REGIONS_MAX, SLOT_BYTES,
 };
-use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
+use crate::layout::{Layout, BLOCKS_PER_CHUNK, BLOCK_BYTES};
+use crate::record::Record;
 use crate::StoreError;
 use std::collections::{BTreeSet, HashMap};
 use trireme_types::VolumeId;
 
 /// A durable active set: its generation and regions.
 pub(super) type DurableSet = (u64, BTreeSet<u32>);
+
+/// Why a write of whole blocks took the journal instead of going in place
+/// once: the first rule of `Engine::direct_chunks` that it broke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Journaled {
+    /// Direct writes are off (`TRIREME_DIRECT_WRITES=0`), or the pool
+    /// has no active set.
+    Off,
+    /// Not whole blocks (a sub-block write, merged with what is there),
+    /// or zeroes written to stay allocated.
+    NotWholeBlocks,
+    /// A snapshot of the volume is pending, or a rollback runs.
+    Snapshot,
+    /// A chunk it spans is not mapped (the first write there).
+    Unmapped,
+    /// A block it writes was never written (stale bytes on the device).
+    Unwritten,
+    /// A chunk is shared with a snapshot or a clone.
+    Shared,
+    /// A chunk was filled by a redirect since the last checkpoint.
+    RedirectedSinceCheckpoint,
+    /// A chunk was written in place by an applied journaled record or a
+    /// copy since the last checkpoint.
+    InPlaceSinceCheckpoint,
+    /// A chunk is being copied (copy-on-write under way).
+    Copying,
+    /// A record other than a direct write is pending in a chunk.
+    PendingRecord,
+    /// A region is not in the durable active set yet (asked for).
+    RegionInactive,
+}
+
+impl Journaled {
+    pub const ALL: [Journaled; 11] = [
+        Journaled::Off,
+        Journaled::NotWholeBlocks,
+        Journaled::Snapshot,
+        Journaled::Unmapped,
+        Journaled::Unwritten,
+        Journaled::Shared,
+        Journaled::RedirectedSinceCheckpoint,
+        Journaled::InPlaceSinceCheckpoint,
+        Journaled::Copying,
+        Journaled::PendingRecord,
+        Journaled::RegionInactive,
+    ];
+
+    /// Its name in metrics (`reason` label).
+    pub fn name(self) -> &'static str {
+        match self {
+            Journaled::Off => "off",
+            Journaled::NotWholeBlocks => "not_whole_blocks",
+            Journaled::Snapshot => "snapshot",
+            Journaled::Unmapped => "unmapped",
+            Journaled::Unwritten => "unwritten",
+            Journaled::Shared => "shared",
+            Journaled::RedirectedSinceCheckpoint => "redirected_since_checkpoint",
+            Journaled::InPlaceSinceCheckpoint => "in_place_since_checkpoint",
+            Journaled::Copying => "copying",
+            Journaled::PendingRecord => "pending_record",
+            Journaled::RegionInactive => "region_inactive",
+        }
+    }
+}
+
+/// How the small writes (whole blocks, not whole chunks) of a pool went,
+/// since it opened: in place once, or through the journal and why.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WritePathStats {
+    pub direct: u64,
+    /// Indexed like [`Journaled::ALL`].
+    pub journaled: [u64; 11],
+}
+
+impl WritePathStats {
+    pub fn count(&mut self, outcome: Result<(), Journaled>) {
+        match outcome {
+            Ok(()) => self.direct += 1,
+            Err(reason) => self.journaled[reason as usize] += 1,
+        }
+    }
+
+    /// Writes that took the journal for `reason`.
+    pub fn journaled(&self, reason: Journaled) -> u64 {
+        self.journaled[reason as usize]
+    }
+}
+
+/// A direct write's blocks as runs, one per chunk it spans: the device
+/// offset of each and its byte range in the record's data.
+pub(super) fn direct_runs<'a>(
+    layout: &'a Layout,
+    record: &'a Record,
+    direct: &'a [u32],
+) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> + 'a {
+    let first_chunk = record.first_block / BLOCKS_PER_CHUNK;
+    direct.iter().enumerate().map(move |(index, physical)| {
+        let chunk_first = (first_chunk + index as u64) * BLOCKS_PER_CHUNK;
+        let from = record.first_block.max(chunk_first);
+        let to = record.end_block().min(chunk_first + BLOCKS_PER_CHUNK);
+        let physical_block = *physical as u64 * BLOCKS_PER_CHUNK + from - chunk_first;
+        let start = ((from - record.first_block) * BLOCK_BYTES) as usize;
+        let end = ((to - record.first_block) * BLOCK_BYTES) as usize;
+        (layout.data_block_offset(physical_block), start..end)
+    })
+}
 
 impl Engine {
     /// The physical chunks a write of whole blocks may go to directly (one
@@ -33,14 +140,13 @@ impl Engine {
         volume: VolumeId,
         first_block: u64,
         block_count: u64,
-    ) -> Option<Vec<u32>> {
-        self.layout.active_set_offset()?;
-        if !self.direct_writes {
-            return None;
+    ) -> Result<Vec<u32>, Journaled> {
+        if self.layout.active_set_offset().is_none() || !self.direct_writes {
+            return Err(Journaled::Off);
         }
-        let volume_state = state.volumes.get(&volume)?;
+        let volume_state = state.volumes.get(&volume).ok_or(Journaled::Unmapped)?;
         if !volume_state.pending_snapshots.is_empty() || volume_state.rolling_back {
-            return None;
+            return Err(Journaled::Snapshot);
         }
         let first_chunk = first_block / BLOCKS_PER_CHUNK;
         let end_chunk = (first_block + block_count).div_ceil(BLOCKS_PER_CHUNK);
@@ -53,12 +159,12 @@ impl Engine {
                 .as_ref()
                 .is_some_and(|record| !record.is_direct())
         }) {
-            return None;
+            return Err(Journaled::PendingRecord);
         }
         let mut chunks = Vec::new();
         let mut inactive = Vec::new();
         for chunk in first_chunk..end_chunk {
-            let entry = volume_state.map.get(chunk)?;
+            let entry = volume_state.map.get(chunk).ok_or(Journaled::Unmapped)?;
             let physical = entry.physical;
             // Only blocks written already: an unwritten block's device
             // bytes are stale (a chunk's earlier life), and a torn write
@@ -68,15 +174,21 @@ impl Engine {
             let to = (first_block + block_count).min(chunk_first + BLOCKS_PER_CHUNK) - chunk_first;
             let mask = (((1u32 << to) - 1) & !((1u32 << from) - 1)) as u16;
             if entry.written & mask != mask {
-                return None;
+                return Err(Journaled::Unwritten);
             }
-            if state.is_shared(volume_state, entry)
-                || state.fresh_since_checkpoint.contains(&physical)
-                || state.replayed_in_place.contains(&physical)
-                || state.copying.contains_key(&physical)
+            if state.is_shared(volume_state, entry) {
+                return Err(Journaled::Shared);
+            }
+            if state.fresh_since_checkpoint.contains(&physical) {
+                return Err(Journaled::RedirectedSinceCheckpoint);
+            }
+            if state.replayed_in_place.contains(&physical) {
+                return Err(Journaled::InPlaceSinceCheckpoint);
+            }
+            if state.copying.contains_key(&physical)
                 || state.copying.values().any(|source| *source == physical)
             {
-                return None;
+                return Err(Journaled::Copying);
             }
             let region = region_of(physical);
             if !state.active_regions.contains(&region) && !bug!(self, direct_before_active) {
@@ -86,13 +198,16 @@ impl Engine {
         }
         if !inactive.is_empty() {
             for region in inactive {
-                if state.active_regions.len() + state.activation_wanted.len() < ACTIVE_REGIONS_MAX {
-                    state.activation_wanted.insert(region);
+                if state.active_regions.len() + state.activation_wanted.len() < ACTIVE_REGIONS_MAX
+                    && state.activation_wanted.insert(region)
+                {
+                    // The applier activates it (see `activate_wanted`).
+                    self.applier_wake.notify_all();
                 }
             }
-            return None;
+            return Err(Journaled::RegionInactive);
         }
-        Some(chunks)
+        Ok(chunks)
     }
 
     /// Notes a direct write's regions (admitted with `sequence`).
@@ -106,11 +221,15 @@ impl Engine {
     }
 
     /// Writes the active set with the regions writers asked for, and
-    /// flushes, before any direct write may go there. Once per region per
-    /// checkpoint interval at most (a region stays active while written).
-    pub(super) fn activate_wanted(&self) {
+    /// flushes, before any direct write may go there: the kernel may write
+    /// a direct write's page back at any moment after its `pwrite`, so its
+    /// region must be durable in the set first. Runs on the applier's
+    /// thread (never the journal writer's); every region asked for since
+    /// the last time goes in one slot write and one flush. True if it
+    /// activated any.
+    pub(super) fn activate_wanted(&self) -> bool {
         let Some(offset) = self.layout.active_set_offset() else {
-            return;
+            return false;
         };
         let _writing = self
             .active_set_lock
@@ -119,7 +238,7 @@ impl Engine {
         let (generation, set, wanted) = {
             let mut state = self.lock();
             if state.activation_wanted.is_empty() || state.failed.is_some() {
-                return;
+                return false;
             }
             let wanted = std::mem::take(&mut state.activation_wanted);
             let mut set = state.active_regions.clone();
@@ -134,23 +253,28 @@ impl Engine {
                 // Counted as used: a region is not retired at the first
                 // checkpoint after its activation, before writes came.
                 state.regions_used.extend(&wanted);
-                state.active_regions.extend(wanted)
+                state.active_regions.extend(wanted);
+                true
             }
             Err(error) => {
                 self.fail(
                     &mut state,
                     format!("writing the active set failed: {error}"),
                 );
+                false
             }
         }
     }
 
     /// After a checkpoint whose records end before `next_sequence`: drops
-    /// the regions no direct write used since the checkpoint before and
-    /// whose direct writes are all checkpointed (their checksums durable,
-    /// matching their data), and writes the smaller set, flushed: so at
-    /// most one slot is ever unflushed, and a crash that tears it leaves
-    /// the other, a superset.
+    /// the cold regions (no direct write used them for
+    /// `RETIRE_IDLE_CHECKPOINTS` checkpoints, or for one when the set is
+    /// full) whose direct writes are all checkpointed (their checksums
+    /// durable, matching their data), and writes the smaller set, flushed:
+    /// so at most one slot is ever unflushed, and a crash that tears it
+    /// leaves the other, a superset. A region in use stays: retiring it
+    /// would send its next writes to the journal for an interval and cost
+    /// a flush to bring it back.
     pub(super) fn retire_regions(&self, next_sequence: u64) -> Result<(), StoreError> {
         let Some(offset) = self.layout.active_set_offset() else {
             return Ok(());
@@ -161,12 +285,25 @@ impl Engine {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let (generation, set) = {
             let mut state = self.lock();
+            let state = &mut *state;
             let used = std::mem::take(&mut state.regions_used);
+            for region in &state.active_regions {
+                let idle = state.region_idle.entry(*region).or_default();
+                *idle = if used.contains(region) { 0 } else { *idle + 1 };
+            }
+            // A full set (writers' requests included) makes room: every
+            // region idle for an interval may go, not only cold ones.
+            let crowded =
+                state.active_regions.len() + state.activation_wanted.len() >= ACTIVE_REGIONS_MAX;
+            let idle_enough = if crowded { 1 } else { RETIRE_IDLE_CHECKPOINTS };
             let retired: Vec<u32> = state
                 .active_regions
                 .iter()
                 .filter(|region| {
-                    !used.contains(region)
+                    state
+                        .region_idle
+                        .get(region)
+                        .is_some_and(|idle| *idle >= idle_enough)
                         && state
                             .region_last_direct
                             .get(region)
@@ -180,9 +317,10 @@ impl Engine {
             for region in &retired {
                 state.active_regions.remove(region);
                 state.region_last_direct.remove(region);
+                state.region_idle.remove(region);
             }
             let set = state.active_regions.clone();
-            (stage_active_set(&mut state, set.clone()), set)
+            (stage_active_set(state, set.clone()), set)
         };
         let result = self.write_active_set(offset, generation, &set);
         let mut state = self.lock();
@@ -314,6 +452,7 @@ impl Engine {
         let mut state = self.lock();
         state.active_set_generation = generation;
         state.active_regions.clear();
+        state.region_idle.clear();
         state.recent_active_sets[2] = BTreeSet::new();
         Ok(())
     }
@@ -330,6 +469,10 @@ impl Engine {
         regions
     }
 }
+
+/// Checkpoints (about a second each) a region stays active without a
+/// direct write before it is retired.
+const RETIRE_IDLE_CHECKPOINTS: u32 = 10;
 
 /// Makes `set` the next generation of the active set, not yet durable: a
 /// crash until its slot is flushed may leave it or the sets before it

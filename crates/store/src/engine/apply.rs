@@ -12,6 +12,7 @@
 //!    A crash anywhere replays from the previous checkpoint, which redoes
 //!    every step above idempotently.
 
+use super::active::direct_runs;
 use super::{bug, Engine, SnapshotState, State};
 use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
 use crate::chunk_map::ChunkEntry;
@@ -231,6 +232,7 @@ pub fn run_applier(engine: Arc<Engine>) {
                 if state.urgent
                     || state.shutting_down
                     || checkpoint_due
+                    || !state.activation_wanted.is_empty()
                     || state.checkpoint_wanted
                     || (pending
                         && (state.unapplied_bytes >= APPLY_BATCH_MIN_BYTES
@@ -253,6 +255,11 @@ pub fn run_applier(engine: Arc<Engine>) {
             state.urgent = false;
             (state.shutting_down, urgent)
         };
+        // Regions writers asked for: activated here, off the journal
+        // writer's thread (a slot write and a flush of the whole file), so
+        // the journal never waits for it; meanwhile their writes take the
+        // journal.
+        engine.activate_wanted();
         if let Err(error) = engine.apply_all(false) {
             tracing::error!(pool = %engine.pool_name, %error, "applying the journal failed");
             return;
@@ -438,7 +445,7 @@ impl Engine {
                 return Err(StoreError::Fatal(reason));
             }
         }
-        if let Err(error) = self.start_writeback(&copies, &writes) {
+        if let Err(error) = self.start_writeback(&copies, &writes, &batch) {
             let reason = format!("writing applied data back failed: {error}");
             let mut state = self.lock();
             self.fail(&mut state, reason.clone());
@@ -701,12 +708,18 @@ impl Engine {
         Ok(())
     }
 
-    /// Starts the write-back of a pass's in-place data (copies and writes)
-    /// and, once `WRITEBACK_WAIT_BYTES` have been started since the last
-    /// wait, waits for all of it. An error here is a write-back error of
-    /// the device: it is reported once per descriptor, so the pool fails
-    /// rather than let a later flush miss it.
-    fn start_writeback(&self, copies: &[CopyBlocks], writes: &[InPlace]) -> std::io::Result<()> {
+    /// Starts the write-back of a pass's in-place data (copies, writes, and
+    /// the data direct writes of `batch` put in place through the page
+    /// cache before their records) and, once `WRITEBACK_WAIT_BYTES` have
+    /// been started since the last wait, waits for all of it. An error here
+    /// is a write-back error of the device: it is reported once per
+    /// descriptor, so the pool fails rather than let a later flush miss it.
+    fn start_writeback(
+        &self,
+        copies: &[CopyBlocks],
+        writes: &[InPlace],
+        batch: &[Arc<Record>],
+    ) -> std::io::Result<()> {
         let mut bytes = 0;
         let mut span: Option<(u64, u64)> = None;
         let mut widen = |from: u64, length: u64| {
@@ -724,6 +737,13 @@ impl Engine {
         }
         for write in writes {
             widen(write.device_offset, write.blocks as u64 * BLOCK_BYTES);
+        }
+        for record in batch {
+            if let RecordBody::Write { direct, .. } = &record.body {
+                for (device_offset, range) in direct_runs(&self.layout, record, direct) {
+                    widen(device_offset, range.len() as u64);
+                }
+            }
         }
         let Some((from, to)) = span else {
             return Ok(());

@@ -20,6 +20,7 @@ mod snapshot;
 mod steps;
 mod write;
 
+pub use active::{Journaled, WritePathStats};
 pub use apply::run_applier;
 pub use journal_writer::run_journal_writer;
 pub use read::View;
@@ -212,8 +213,14 @@ pub struct State {
     pub regions_used: HashSet<u32>,
     /// The sequence of the last direct write into each active region.
     pub region_last_direct: HashMap<u32, u64>,
+    /// Checkpoints since each active region was last used (retired when
+    /// cold, see `retire_regions`).
+    pub region_idle: HashMap<u32, u32>,
     /// Direct writes admitted in this session (for tests and the simulator).
     pub direct_writes: u64,
+    /// Small writes admitted in this session: in place once, or journaled
+    /// and why (for metrics).
+    pub write_path: WritePathStats,
     /// Generation of the last active-set slot written.
     pub active_set_generation: u64,
     /// The sets of the last two slots written (and the one replay used):
@@ -264,7 +271,9 @@ impl State {
             activation_wanted: BTreeSet::new(),
             regions_used: HashSet::new(),
             region_last_direct: HashMap::new(),
+            region_idle: HashMap::new(),
             direct_writes: 0,
+            write_path: WritePathStats::default(),
             active_set_generation: 0,
             recent_active_sets: Default::default(),
             checkpoint_epoch: 0,

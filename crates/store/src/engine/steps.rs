@@ -14,8 +14,9 @@ pub enum Step {
     /// One device flush covering every record written (what a FLUSH, or
     /// the journal writer's eager flush, does).
     Sync,
-    /// Apply the records in the journal: a flush first if one of them is
-    /// not yet durable, then in place (the applier's pass).
+    /// Activate the regions writers asked for, then apply the records in
+    /// the journal: a flush first if one of them is not yet durable, then
+    /// in place (the applier's pass).
     Apply,
     /// Write checksums, flush, commit the maps and the journal start.
     Checkpoint,
@@ -46,9 +47,14 @@ impl Engine {
                 }
             }
             Step::Apply => {
+                let activated = self.activate_wanted();
                 let before = self.lock().applied_sequence;
                 self.apply_all(false)?;
-                Ok(self.lock().applied_sequence > before)
+                let state = self.lock();
+                match &state.failed {
+                    Some(reason) => Err(fatal(reason)),
+                    None => Ok(activated || state.applied_sequence > before),
+                }
             }
             Step::Checkpoint => {
                 let before = self.lock().tail;

@@ -4,6 +4,7 @@
 //! device flush that covers them (group commit: one flush serves every
 //! record written before it started).
 
+use super::active::Journaled;
 use super::{bug, Background, Engine, State};
 use crate::journal::{
     block_crcs, checksums_payload_bytes, record_journal_bytes, redirect_payload_bytes,
@@ -399,14 +400,17 @@ impl Engine {
                 )));
             }
             let direct = match &body {
-                RecordBody::Write { .. } if direct_ok && !redirect => {
-                    self.direct_chunks(&mut state, volume, first_block, block_count)
+                RecordBody::Write { .. } if !redirect && !direct_ok => {
+                    Some(Err(Journaled::NotWholeBlocks))
+                }
+                RecordBody::Write { .. } if !redirect => {
+                    Some(self.direct_chunks(&mut state, volume, first_block, block_count))
                 }
                 _ => None,
             };
             let journal_bytes = if redirect {
                 record_journal_bytes(redirect_payload_bytes(block_count))
-            } else if direct.is_some() {
+            } else if matches!(direct, Some(Ok(_))) {
                 record_journal_bytes(checksums_payload_bytes(first_block, block_count))
             } else {
                 record_journal_bytes(payload_bytes)
@@ -457,7 +461,13 @@ impl Engine {
                 if redirect { 0 } else { needed },
             );
         };
-        let direct_chunks = direct.unwrap_or_default();
+        // Counted once the write is admitted (admission may loop).
+        if let Some(outcome) = &direct {
+            state
+                .write_path
+                .count(outcome.as_ref().map(|_| ()).map_err(|reason| *reason));
+        }
+        let direct_chunks = direct.and_then(Result::ok).unwrap_or_default();
         if !direct_chunks.is_empty() {
             let RecordBody::Write { direct, .. } = &mut body else {
                 unreachable!("direct records are writes")
@@ -510,9 +520,6 @@ impl Engine {
         state.reserved_chunks += reserve;
         if !direct_chunks.is_empty() {
             Engine::note_direct(&mut state, &direct_chunks, sequence);
-        }
-        if !state.activation_wanted.is_empty() && state.journal_idle {
-            self.journal_wake.notify_one();
         }
         state.unapplied_bytes += data_bytes;
         state.unapplied.push_back(record.clone());
