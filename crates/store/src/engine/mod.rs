@@ -466,19 +466,19 @@ pub(crate) use bug;
 #[derive(Clone, Copy, Debug)]
 pub struct EngineOptions {
     pub background: Background,
-    /// Small overwrites written once (see `active`). On in the simulator
-    /// and the tests; in a node only with `TRIREME_DIRECT_WRITES=1` until
-    /// its throughput is fixed (bench/RESULTS.md, *steady-writeonce*).
+    /// Small overwrites written once (see `active`). On by default;
+    /// `TRIREME_DIRECT_WRITES=0` turns it off in a node (every small
+    /// write then takes the journal, as before).
     pub direct_writes: bool,
     #[cfg(feature = "bug-switches")]
     pub bugs: BugSwitches,
 }
 
 impl EngineOptions {
-    /// A node's pool: direct writes only when `TRIREME_DIRECT_WRITES=1`.
+    /// A node's pool: direct writes unless `TRIREME_DIRECT_WRITES=0`.
     pub fn production() -> EngineOptions {
         EngineOptions {
-            direct_writes: std::env::var("TRIREME_DIRECT_WRITES").is_ok_and(|value| value == "1"),
+            direct_writes: std::env::var("TRIREME_DIRECT_WRITES").as_deref() != Ok("0"),
             ..EngineOptions::new(Background::Threads)
         }
     }
