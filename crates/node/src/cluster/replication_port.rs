@@ -3,7 +3,7 @@
 //!
 //! - [`ControlPort`]: this node's id, the cluster state (read and
 //!   watched), proposals of commands, and the secret data links are signed
-//!   with. [`Cluster`] implements it; `crate::replicated` holds an
+//!   with. [`Cluster`] implements it; the node's replication holds an
 //!   `Arc<dyn ControlPort>`, never the `Cluster` itself.
 //! - [`EnginePort`]: a volume's engine's [`ControlPlane`]: proposals go to
 //!   the Raft leader as commands of this node, and their answers come back
