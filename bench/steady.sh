@@ -27,6 +27,8 @@
 #                   (default: nothing else was meant to run)
 #        MARK       the section of OUT to replace (default steady; with
 #                   trireme3: steady-replicated)
+#        POOL_FLAGS extra flags of the single node's `pool create` (e.g.
+#                   --preallocate), for experiments (default none)
 #        SCRATCH    scratch dir (not tmpfs)               (default target/bench-scratch-steady)
 #        OUT        results file (default bench/RESULTS.md; only the part between
 #                   <!-- steady:begin --> and <!-- steady:end --> is replaced)
@@ -56,6 +58,7 @@ SEQUENCE=${SEQUENCE:-J6 J2 J3 J4 J5 J1 J2}
 REPEAT=${REPEAT:-1}
 TARGETS=${TARGETS:-trireme qemu-direct raw}
 SCRATCH=${SCRATCH:-$repo/target/bench-scratch-steady}
+POOL_FLAGS=${POOL_FLAGS:-}
 OUT=${OUT:-$here/RESULTS.md}
 envline="WRITE_MIN=$WRITE_MIN WRITE_MAX=$WRITE_MAX READ_TIME=$READ_TIME VOLUMES=$VOLUMES SIZE=$SIZE REPEAT=$REPEAT SEQUENCE=\"$SEQUENCE\" TARGETS=\"$TARGETS\""
 
@@ -160,9 +163,13 @@ run_step() {
     # How trireme's small writes went (in place once, or journaled and why),
     # summed since the pool opened: which rule sends writes to the journal.
     if [ "$target" = trireme ] && [ -n "${metrics_url:-}" ]; then
-        curl -sf "$metrics_url" | grep '^trireme_pool_small_writes' | grep -v ' 0$' \
+        curl -sf "$metrics_url" >"$base.metrics.txt" || true
+        grep '^trireme_pool_small_writes.*pool="bench"' "$base.metrics.txt" | grep -v ' 0\(\.0\)\?$' \
             >"$base.write-path.txt" || true
         log "  $target $job write path (cumulative): $(sed -e 's/^trireme_pool_small_writes_//' -e 's/{pool="bench",\?/{/' "$base.write-path.txt" | tr '\n' ' ')"
+        # Where writers and the background thread waited (cumulative).
+        log "  $target $job waits (count, seconds): $(grep -E '^trireme_pool_(admission|background)_wait.*pool="bench"' "$base.metrics.txt" \
+            | grep -v ' 0\(\.0\)\?$' | sed -e 's/^trireme_pool_//' -e 's/pool="bench",//' -e 's/_total//' | tr '\n' ' ')"
     fi
     tail -1 "$results" | python3 -c 'import json,sys; r=json.load(sys.stdin); print("  %-11s #%d %d:%s %9.0f IOPS p99 %8.0f p99.9 %8.0f max %8.0f us  %s  dirty(file) %s MiB WA %s" % (r["target"], r["rep"], r["step"], r["job"], r["iops"], r["p99"], r["p999"], r["max"], r["spark"], r["file_dirty_mib"], r["wa_server"]))' >&2
 }
@@ -216,7 +223,7 @@ for rep in $(seq 1 "$REPEAT"); do
             api=(--api "http://127.0.0.1:$api_port")
             metrics_url="http://127.0.0.1:$api_port/metrics"
             "$bin" "${api[@]}" pool create bench --path "$SCRATCH/trireme-pool.img" \
-                --size "$pool_bytes" --class ssd >&2 || die "pool create failed"
+                --size "$pool_bytes" --class ssd $POOL_FLAGS >&2 || die "pool create failed"
             "$bin" "${api[@]}" volume create bench --size "$size_bytes" --pool bench >&2 \
                 || die "volume create failed"
             run_sequence trireme "$rep" "$tpid" "$SCRATCH/trireme-pool.img" \

@@ -189,6 +189,19 @@ fn metrics_and_io_rates_of_a_cluster_under_io() {
         Some(1.0)
     );
     assert!(sample(&after, r#"trireme_pool_capacity_bytes{pool="default"}"#).unwrap() > 0.0);
+    // The pool's stalls: it checkpointed what fio wrote, and took time
+    // doing it; admission waits are counted by reason even when none waited.
+    let checkpoints = r#"trireme_pool_background_waits_total{pool="default",work="checkpoint"}"#;
+    assert!(sample(&after, checkpoints).unwrap() > 0.0, "{checkpoints}");
+    let checkpoint_seconds =
+        r#"trireme_pool_background_wait_seconds_total{pool="default",work="checkpoint"}"#;
+    assert!(sample(&after, checkpoint_seconds).unwrap() > 0.0);
+    for reason in ["journal_full", "unapplied_bytes", "chunks"] {
+        let waits = format!(
+            r#"trireme_pool_admission_wait_seconds_total{{pool="default",reason="{reason}"}}"#
+        );
+        assert!(sample(&after, &waits).is_some(), "{waits} missing");
+    }
     assert!(sample(&after, "trireme_process_resident_memory_bytes").unwrap() > 1e6);
     assert_eq!(
         sample(&after, r#"trireme_node_state{node="n3",state="online"}"#),

@@ -45,7 +45,10 @@ pub mod volume;
 pub use disk::{Disk, FileDisk};
 #[cfg(feature = "bug-switches")]
 pub use engine::BugSwitches;
-pub use engine::{Background, EngineOptions as PoolOptions, Journaled, Step, WritePathStats};
+pub use engine::{
+    AdmissionWait, Background, EngineOptions as PoolOptions, Journaled, StallStats, Step,
+    WaitTotal, WritePathStats,
+};
 pub use error::StoreError;
 pub use pool::{
     JournalStats, Pool, PoolConfig, PoolInfo, PoolOnDisk, ScanReport, SnapshotInfo, VolumeInfo,

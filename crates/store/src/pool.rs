@@ -92,6 +92,9 @@ pub struct JournalStats {
     /// Small writes since the pool opened: in place once, or journaled
     /// and why (`docs/store-format.md`, *Small overwrites written once*).
     pub write_path: crate::WritePathStats,
+    /// Where writers and the background thread waited since the pool
+    /// opened.
+    pub stalls: crate::StallStats,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -469,6 +472,7 @@ impl Pool {
             unapplied_bytes: state.unapplied_bytes,
             dirty_map_entries: state.dirty_chunks.len() as u64,
             write_path: state.write_path,
+            stalls: state.stalls,
         }
     }
 

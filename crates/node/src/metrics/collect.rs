@@ -53,6 +53,7 @@ impl Collector for Sources {
         self.edge(&mut encoder)?;
         self.links(&mut encoder)?;
         self.pools(&mut encoder)?;
+        self.pool_stalls(&mut encoder)?;
         self.control(&mut encoder)?;
         process_metrics(&mut encoder)
     }
@@ -349,6 +350,56 @@ impl Sources {
             "trireme_pool_dirty_map_entries",
             "Chunk-map entries changed since the last metadata checkpoint.",
             &dirty,
+        )
+    }
+
+    /// Where each pool's writers and background thread waited: the
+    /// causes of tail latency (`docs/metrics.md`, *Store*).
+    fn pool_stalls(&self, encoder: &mut DescriptorEncoder) -> Result {
+        let (mut admission_waits, mut admission_seconds) = (vec![], vec![]);
+        let (mut background_waits, mut background_seconds) = (vec![], vec![]);
+        for (name, _, pool) in self.node.pool_handles() {
+            let Some(pool) = pool else { continue };
+            let stalls = pool.journal_stats().stalls;
+            for reason in trireme_store::AdmissionWait::ALL {
+                let labels = vec![label("pool", &name), label("reason", reason.name())];
+                let total = stalls.admission(reason);
+                admission_waits.push((labels.clone(), total.count as f64));
+                admission_seconds.push((labels, total.seconds()));
+            }
+            for (work, total) in [
+                ("writeback", stalls.writeback),
+                ("checkpoint", stalls.checkpoints),
+                ("activation", stalls.activations),
+            ] {
+                let labels = vec![label("pool", &name), label("work", work)];
+                background_waits.push((labels.clone(), total.count as f64));
+                background_seconds.push((labels, total.seconds()));
+            }
+        }
+        counters(
+            encoder,
+            "trireme_pool_admission_waits",
+            "Writes that waited at admission for the background thread, by the first reason, since the pool opened.",
+            &admission_waits,
+        )?;
+        counters(
+            encoder,
+            "trireme_pool_admission_wait_seconds",
+            "Time writes spent waiting at admission, by the first reason, since the pool opened.",
+            &admission_seconds,
+        )?;
+        counters(
+            encoder,
+            "trireme_pool_background_waits",
+            "Times the pool's background thread waited for the device: write-back of in-place data, checkpoints, region activations.",
+            &background_waits,
+        )?;
+        counters(
+            encoder,
+            "trireme_pool_background_wait_seconds",
+            "Time the pool's background thread spent waiting for the device, by work, since the pool opened (while it waits, nothing is applied).",
+            &background_seconds,
         )
     }
 

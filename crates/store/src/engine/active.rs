@@ -245,8 +245,10 @@ impl Engine {
             set.extend(&wanted);
             (stage_active_set(&mut state, set.clone()), set, wanted)
         };
+        let since = std::time::Instant::now();
         let result = self.write_active_set(offset, generation, &set);
         let mut state = self.lock();
+        state.stalls.activations.add(since.elapsed());
         match result {
             Ok(()) => {
                 settle_active_set(&mut state, set);

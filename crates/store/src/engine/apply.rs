@@ -759,8 +759,10 @@ impl Engine {
             .map_or((from, to), |(low, high)| (low.min(from), high.max(to)));
         writeback.range = Some((low, high));
         if writeback.started_bytes >= WRITEBACK_WAIT_BYTES {
+            let since = Instant::now();
             self.disk.wait_writeback(low, high)?;
             *writeback = Writeback::default();
+            self.lock().stalls.writeback.add(since.elapsed());
         }
         Ok(())
     }
@@ -838,6 +840,7 @@ impl Engine {
     /// lock (snapshot deletion, clones, rollback, volume changes: they
     /// change the maps in memory and commit them here, in one transaction).
     pub(super) fn checkpoint_holding_locks(&self) -> Result<(), StoreError> {
+        let since = Instant::now();
         let (changes, pages, checkpoint, freed) = {
             let mut state = self.lock();
             // Chunks freed so far; they stay listed (and count as coming
@@ -873,6 +876,7 @@ impl Engine {
             self.fail(&mut state, format!("checkpoint failed: {error}"));
             return Err(error);
         }
+        state.stalls.checkpoints.add(since.elapsed());
         state.tail = checkpoint.position;
         state.checksums.mark_clean(&pages);
         state.fresh_since_checkpoint.clear();

@@ -17,6 +17,7 @@ mod journal_writer;
 mod read;
 mod replay;
 mod snapshot;
+mod stalls;
 mod steps;
 mod write;
 
@@ -25,6 +26,7 @@ pub use apply::run_applier;
 pub use journal_writer::run_journal_writer;
 pub use read::View;
 pub use replay::open_engine;
+pub use stalls::{AdmissionWait, StallStats, WaitTotal};
 pub use steps::Step;
 
 use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
@@ -221,6 +223,8 @@ pub struct State {
     /// Small writes admitted in this session: in place once, or journaled
     /// and why (for metrics).
     pub write_path: WritePathStats,
+    /// Where writers and the applier waited (for metrics).
+    pub stalls: StallStats,
     /// Generation of the last active-set slot written.
     pub active_set_generation: u64,
     /// The sets of the last two slots written (and the one replay used):
@@ -274,6 +278,7 @@ impl State {
             region_idle: HashMap::new(),
             direct_writes: 0,
             write_path: WritePathStats::default(),
+            stalls: StallStats::default(),
             active_set_generation: 0,
             recent_active_sets: Default::default(),
             checkpoint_epoch: 0,

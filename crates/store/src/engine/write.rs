@@ -5,6 +5,7 @@
 //! record written before it started).
 
 use super::active::Journaled;
+use super::stalls::AdmissionWait;
 use super::{bug, Background, Engine, State};
 use crate::journal::{
     block_crcs, checksums_payload_bytes, record_journal_bytes, redirect_payload_bytes,
@@ -13,6 +14,7 @@ use crate::journal::{
 use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES};
 use crate::record::{Record, RecordBody};
 use std::sync::{Arc, MutexGuard};
+use std::time::Instant;
 use trireme_types::{Attempt, BlockBuf, TargetError, VolumeId};
 
 /// What admission did with a record.
@@ -379,6 +381,8 @@ impl Engine {
             && block_count.is_multiple_of(BLOCKS_PER_CHUNK);
         let journal_size = self.layout.journal_bytes;
         let mut state = self.lock();
+        // The first reason this write waited, and since when.
+        let mut waited: Option<(AdmissionWait, Instant)> = None;
         let (redirect, direct, journal_bytes, reserve) = loop {
             state.check_usable()?;
             // Whole chunks go to fresh chunks when there are enough; in a
@@ -429,6 +433,14 @@ impl Engine {
                     self.wake_applier(&mut state);
                     return Ok(Admission::WouldWait(body));
                 }
+                waited.get_or_insert_with(|| {
+                    let reason = if journal_full {
+                        AdmissionWait::JournalFull
+                    } else {
+                        AdmissionWait::UnappliedBytes
+                    };
+                    (reason, Instant::now())
+                });
                 state = self.wait_for_applier(state);
                 continue;
             }
@@ -447,6 +459,7 @@ impl Engine {
                         self.wake_applier(&mut state);
                         return Ok(Admission::WouldWait(body));
                     }
+                    waited.get_or_insert_with(|| (AdmissionWait::Chunks, Instant::now()));
                     state = self.wait_for_applier(state);
                     continue;
                 }
@@ -461,6 +474,9 @@ impl Engine {
                 if redirect { 0 } else { needed },
             );
         };
+        if let Some((reason, since)) = waited {
+            state.stalls.admission[reason as usize].add(since.elapsed());
+        }
         // Counted once the write is admitted (admission may loop).
         if let Some(outcome) = &direct {
             state
