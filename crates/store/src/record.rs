@@ -145,6 +145,15 @@ impl Record {
         matches!(&self.body, RecordBody::Write { direct, .. } if !direct.is_empty())
     }
 
+    /// A record whose apply writes nothing over data a crash could still
+    /// need, so it may be applied once it is in the journal file, before a
+    /// device flush makes it durable: a redirect fills fresh chunks no map
+    /// points at yet, and a direct write's data is in place already (its
+    /// region is active, so replay re-derives the checksums it carries).
+    pub fn applies_once_written(&self) -> bool {
+        self.is_redirect() || self.is_direct()
+    }
+
     pub fn data_bytes(&self) -> u64 {
         match &self.body {
             RecordBody::Write { data, .. } => data.len() as u64,

@@ -308,17 +308,20 @@ impl Engine {
             if everything_admitted {
                 (state.next_sequence - 1, true)
             } else {
-                // Redirects may be applied once written: a stream of
-                // whole-chunk writes costs no device flush here, which would
-                // stall the journal's writes behind it. The checkpoint
-                // flushes before it commits what they changed. Anything
-                // else (a pad at the end of a lap too) waits to be durable.
+                // Redirects and direct writes may be applied once written:
+                // a stream of whole-chunk writes or small overwrites costs
+                // no device flush here. That flush (of the whole pool file,
+                // so of every dirty in-place page too) would stall the
+                // applier, and the writers waiting for it, several times a
+                // second. The checkpoint flushes before it commits what they
+                // changed. Anything else (a pad at the end of a lap too)
+                // waits to be durable.
                 let target = state.written_sequence;
                 let needs_flush = !bug!(self, apply_before_durable)
                     && state.unapplied.iter().any(|record| {
                         record.sequence > state.durable_sequence
                             && record.sequence <= target
-                            && !record.is_redirect()
+                            && !record.applies_once_written()
                     });
                 (target, needs_flush)
             }
@@ -337,8 +340,9 @@ impl Engine {
     }
 
     /// Applies one batch of records; false when there was none. A record
-    /// that writes in place must be durable first; a redirect only needs to
-    /// be in the file, as it overwrites nothing that a crash could need.
+    /// that writes in place must be durable first; a redirect or a direct
+    /// write only needs to be in the file, as its apply overwrites nothing
+    /// that a crash could need.
     ///
     /// A record that would write in place into a chunk that a redirect
     /// filled since the last checkpoint ends the batch and asks for a
@@ -359,7 +363,7 @@ impl Engine {
             };
             for record in state.unapplied.iter() {
                 let ready = record.sequence <= durable
-                    || (record.is_redirect() && record.sequence <= state.written_sequence);
+                    || (record.applies_once_written() && record.sequence <= state.written_sequence);
                 if !ready || (bytes >= APPLY_BATCH_MAX_BYTES && !batch.is_empty()) {
                     break;
                 }
@@ -376,7 +380,8 @@ impl Engine {
                 // The rules this pass keeps (docs/store-format.md, step 5):
                 // records apply in their journal order, without a gap, and
                 // in-place data comes only from durable records (a
-                // redirect, which overwrites nothing, once written).
+                // redirect or a direct write, which write nothing in place
+                // when applied, once written).
                 assert_eq!(
                     record.sequence,
                     state.applied_sequence + 1 + index as u64,
@@ -384,7 +389,8 @@ impl Engine {
                 );
                 assert!(
                     record.sequence <= state.durable_sequence
-                        || (record.is_redirect() && record.sequence <= state.written_sequence),
+                        || (record.applies_once_written()
+                            && record.sequence <= state.written_sequence),
                     "record {} applied before it is durable (durable up to {})",
                     record.sequence,
                     state.durable_sequence
