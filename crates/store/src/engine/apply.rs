@@ -560,7 +560,8 @@ impl Engine {
                             }
                         }
                     }
-                    let mut entry = match volume_state.map.get(chunk) {
+                    let before = volume_state.map.get(chunk);
+                    let mut entry = match before {
                         Some(entry) if !state.is_shared(volume_state, entry) => entry,
                         existing => {
                             let physical = state.allocator.allocate().ok_or_else(|| {
@@ -585,9 +586,16 @@ impl Engine {
                         }
                     };
                     entry.written |= mask;
-                    let volume = state.volumes.get_mut(&record.volume).expect("live");
-                    volume.map.set(chunk, Some(entry));
-                    state.dirty_chunks.insert((record.volume, chunk));
+                    // An overwrite of written blocks (every direct write,
+                    // most journaled ones) leaves the entry as it was: the
+                    // checkpoint has nothing to commit for it. Marking it
+                    // anyway had each checkpoint of 4k random writes commit
+                    // an unchanged entry per chunk written.
+                    if before != Some(entry) {
+                        let volume = state.volumes.get_mut(&record.volume).expect("live");
+                        volume.map.set(chunk, Some(entry));
+                        state.dirty_chunks.insert((record.volume, chunk));
+                    }
                     for block in from..to {
                         let index = (block - record.first_block) as usize;
                         let bit = block % BLOCKS_PER_CHUNK;
