@@ -368,6 +368,7 @@ impl Sources {
                 admission_seconds.push((labels, total.seconds()));
             }
             for (work, total) in [
+                ("writeback_start", stalls.writeback_start),
                 ("writeback", stalls.writeback),
                 ("checkpoint", stalls.checkpoints),
                 ("activation", stalls.activations),

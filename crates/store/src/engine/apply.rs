@@ -451,15 +451,15 @@ impl Engine {
                 return Err(StoreError::Fatal(reason));
             }
         }
-        if let Err(error) = self.start_writeback(&copies, &writes, &batch) {
-            let reason = format!("writing applied data back failed: {error}");
-            let mut state = self.lock();
-            self.fail(&mut state, reason.clone());
-            return Err(StoreError::Fatal(reason));
-        }
+        // The pass's data is in place (in the page cache): its records
+        // leave the overlay and give their memory back now, before the
+        // write-back is started. Starting it blocks while the device's
+        // queue is full (or the kernel throttles write-back for reads), for
+        // tens of milliseconds under load: writers waiting at the
+        // unapplied-data limit must not wait for that too.
         let mut state = self.lock();
-        // The copies are on the device: reads may go to the private chunks
-        // now, and so may later passes' in-place writes to the shared ones.
+        // The copies are written: reads may go to the private chunks now,
+        // and so may later passes' in-place writes to the shared ones.
         state.copying.clear();
         for record in &batch {
             let front = state
@@ -476,6 +476,13 @@ impl Engine {
         }
         state.validate(self.layout.journal_bytes);
         self.changed.notify_all();
+        drop(state);
+        if let Err(error) = self.start_writeback(&copies, &writes, &batch) {
+            let reason = format!("writing applied data back failed: {error}");
+            let mut state = self.lock();
+            self.fail(&mut state, reason.clone());
+            return Err(StoreError::Fatal(reason));
+        }
         Ok(outcome)
     }
 
@@ -762,7 +769,9 @@ impl Engine {
         let Some((from, to)) = span else {
             return Ok(());
         };
+        let since = Instant::now();
         self.disk.start_writeback(from, to)?;
+        let started = since.elapsed();
         let mut writeback = self
             .writeback
             .lock()
@@ -772,11 +781,21 @@ impl Engine {
             .range
             .map_or((from, to), |(low, high)| (low.min(from), high.max(to)));
         writeback.range = Some((low, high));
-        if writeback.started_bytes >= WRITEBACK_WAIT_BYTES {
+        let waited = if writeback.started_bytes >= WRITEBACK_WAIT_BYTES {
             let since = Instant::now();
             self.disk.wait_writeback(low, high)?;
             *writeback = Writeback::default();
-            self.lock().stalls.writeback.add(since.elapsed());
+            Some(since.elapsed())
+        } else {
+            None
+        };
+        drop(writeback);
+        let mut state = self.lock();
+        // Starting write-back blocks too, when the device's queue is full
+        // or the kernel throttles write-back while reads wait (blk-wbt).
+        state.stalls.writeback_start.add(started);
+        if let Some(waited) = waited {
+            state.stalls.writeback.add(waited);
         }
         Ok(())
     }

@@ -60,6 +60,10 @@ pub struct StallStats {
     /// Indexed like [`AdmissionWait::ALL`]: one count per write that
     /// waited, however many times its admission looped.
     pub admission: [WaitTotal; 3],
+    /// The applier starting the write-back of each pass's in-place data
+    /// (`sync_file_range(WRITE)`, which blocks when the device's queue is
+    /// full or write-back is throttled).
+    pub writeback_start: WaitTotal,
     /// The applier waiting for the write-back it started (every
     /// `WRITEBACK_WAIT_BYTES`).
     pub writeback: WaitTotal,
