@@ -8,8 +8,8 @@ use crate::device::{
 use crate::disk::{Disk, FileDisk};
 use crate::engine::View;
 use crate::engine::{
-    open_engine, run_applier, run_journal_writer, Background, Engine, EngineOptions, Step,
-    VolumeState,
+    open_engine, run_applier, run_journal_writer, run_writeback, Background, Engine, EngineOptions,
+    Step, VolumeState,
 };
 use crate::layout::{Layout, Superblock, CHUNK_BYTES, FORMAT_VERSION, SUPERBLOCK_BYTES};
 use crate::metadata::{Metadata, PoolRecord, SnapshotRecord, VolumeRecord};
@@ -156,7 +156,8 @@ impl ScanReport {
 pub struct Pool {
     engine: Arc<Engine>,
     record: PoolRecord,
-    /// The applier and the journal writer, joined at shutdown.
+    /// The applier, the journal writer and the write-back thread, joined
+    /// at shutdown.
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -385,9 +386,13 @@ impl Pool {
         }
         let mut threads = Vec::new();
         if background == Background::Threads {
+            engine.writeback.thread_starts();
+            // The write-back thread last: shutdown stops it after the
+            // others, once nothing can hand it more.
             for (role, body) in [
                 ("apply", run_applier as fn(Arc<Engine>)),
                 ("journal", run_journal_writer as fn(Arc<Engine>)),
+                ("writeback", run_writeback as fn(Arc<Engine>)),
             ] {
                 let thread_engine = engine.clone();
                 let handle = std::thread::Builder::new()
@@ -841,10 +846,16 @@ impl Pool {
             .drain(..)
             .collect();
         // The applier first: it finishes only once the journal writer has
-        // written and it has applied every record.
-        for handle in threads {
+        // written and it has applied every record. The write-back thread
+        // last (see `open`): it ends once it has started what it was given.
+        let count = threads.len();
+        for (index, handle) in threads.into_iter().enumerate() {
+            if index + 1 == count {
+                self.engine.writeback.stop();
+            }
             let _ = handle.join();
         }
+        self.engine.writeback.stop();
         match self.engine.lock().failed.clone() {
             Some(reason) => Err(StoreError::Fatal(reason)),
             None => Ok(()),

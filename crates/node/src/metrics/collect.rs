@@ -370,6 +370,7 @@ impl Sources {
             for (work, total) in [
                 ("writeback_start", stalls.writeback_start),
                 ("writeback", stalls.writeback),
+                ("writeback_queue", stalls.writeback_queue),
                 ("checkpoint", stalls.checkpoints),
                 ("activation", stalls.activations),
             ] {

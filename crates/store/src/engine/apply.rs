@@ -32,20 +32,6 @@ pub(super) const APPLY_BATCH_MIN_BYTES: u64 = 4 << 20;
 const APPLY_BATCH_MAX_BYTES: u64 = 16 << 20;
 /// Bounds replay time after a crash.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
-/// In-place bytes started towards the device (`sync_file_range`) before the
-/// applier waits for them: with the unapplied-data limit, this bounds how
-/// much of the pool's data is ever dirty in the page cache (see
-/// `docs/store-format.md`, *Bounded write-back*).
-pub(super) const WRITEBACK_WAIT_BYTES: u64 = 32 << 20;
-
-/// In-place data whose write-back the applier started and has not waited
-/// for: its byte count and the device range it lies in.
-#[derive(Default)]
-pub struct Writeback {
-    started_bytes: u64,
-    range: Option<(u64, u64)>,
-}
-
 /// Drops the blocks of `writes` that a later write of the same pass writes
 /// again: every record of a pass is durable, so replay redoes both, and
 /// only the last data needs to reach the device now.
@@ -477,7 +463,7 @@ impl Engine {
         state.validate(self.layout.journal_bytes);
         self.changed.notify_all();
         drop(state);
-        if let Err(error) = self.start_writeback(&copies, &writes, &batch) {
+        if let Err(error) = self.start_pass_writeback(&copies, &writes, &batch) {
             let reason = format!("writing applied data back failed: {error}");
             let mut state = self.lock();
             self.fail(&mut state, reason.clone());
@@ -729,75 +715,33 @@ impl Engine {
         Ok(())
     }
 
-    /// Starts the write-back of a pass's in-place data (copies, writes, and
-    /// the data direct writes of `batch` put in place through the page
-    /// cache before their records) and, once `WRITEBACK_WAIT_BYTES` have
-    /// been started since the last wait, waits for all of it. An error here
-    /// is a write-back error of the device: it is reported once per
-    /// descriptor, so the pool fails rather than let a later flush miss it.
-    fn start_writeback(
+    /// Starts the write-back of a pass's in-place data: copies, writes,
+    /// and the data direct writes of `batch` put in place through the page
+    /// cache before their records (`writeback`).
+    fn start_pass_writeback(
         &self,
         copies: &[CopyBlocks],
         writes: &[InPlace],
         batch: &[Arc<Record>],
     ) -> std::io::Result<()> {
-        let mut bytes = 0;
-        let mut span: Option<(u64, u64)> = None;
-        let mut widen = |from: u64, length: u64| {
-            bytes += length;
-            span = Some(match span {
-                None => (from, from + length),
-                Some((low, high)) => (low.min(from), high.max(from + length)),
-            });
-        };
+        let mut extents = Vec::with_capacity(copies.len() + writes.len() + batch.len());
         for copy in copies {
-            widen(
+            extents.push((
                 self.layout.data_block_offset(copy.to_block),
                 copy.blocks * BLOCK_BYTES,
-            );
+            ));
         }
         for write in writes {
-            widen(write.device_offset, write.blocks as u64 * BLOCK_BYTES);
+            extents.push((write.device_offset, write.blocks as u64 * BLOCK_BYTES));
         }
         for record in batch {
             if let RecordBody::Write { direct, .. } = &record.body {
                 for (device_offset, range) in direct_runs(&self.layout, record, direct) {
-                    widen(device_offset, range.len() as u64);
+                    extents.push((device_offset, range.len() as u64));
                 }
             }
         }
-        let Some((from, to)) = span else {
-            return Ok(());
-        };
-        let since = Instant::now();
-        self.disk.start_writeback(from, to)?;
-        let started = since.elapsed();
-        let mut writeback = self
-            .writeback
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        writeback.started_bytes += bytes;
-        let (low, high) = writeback
-            .range
-            .map_or((from, to), |(low, high)| (low.min(from), high.max(to)));
-        writeback.range = Some((low, high));
-        let waited = if writeback.started_bytes >= WRITEBACK_WAIT_BYTES {
-            let since = Instant::now();
-            self.disk.wait_writeback(low, high)?;
-            *writeback = Writeback::default();
-            Some(since.elapsed())
-        } else {
-            None
-        };
-        drop(writeback);
-        let mut state = self.lock();
-        // Starting write-back blocks too, when the device's queue is full
-        // or the kernel throttles write-back while reads wait (blk-wbt).
-        state.stalls.writeback_start.add(started);
-        if let Some(waited) = waited {
-            state.stalls.writeback.add(waited);
-        }
-        Ok(())
+        self.start_writeback(extents)
     }
 
     fn copy_blocks(&self, copy: &CopyBlocks) -> std::io::Result<()> {

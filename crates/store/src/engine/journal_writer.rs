@@ -205,7 +205,7 @@ impl Engine {
                     // where `O_DIRECT` cost 25-36 µs of CPU per 4 KiB write
                     // and waited for the device. The applier starts their
                     // write-back and counts them into its budget once their
-                    // records are applied (`apply::Writeback`).
+                    // records are applied (`writeback`).
                     for (device_offset, range) in direct_runs(&self.layout, record, direct) {
                         self.disk.write_at(&data[range], device_offset)?;
                     }

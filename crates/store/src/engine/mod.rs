@@ -20,6 +20,7 @@ mod snapshot;
 mod stalls;
 mod steps;
 mod write;
+mod writeback;
 
 pub use active::{Journaled, WritePathStats};
 pub use apply::run_applier;
@@ -28,6 +29,8 @@ pub use read::View;
 pub use replay::open_engine;
 pub use stalls::{AdmissionWait, StallStats, WaitTotal};
 pub use steps::Step;
+pub use writeback::run_writeback;
+use writeback::WritebackQueue;
 
 use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
 use crate::chunk_map::ChunkEntry;
@@ -419,9 +422,9 @@ pub struct Engine {
     /// Only one thread applies at a time: the applier, or a caller that
     /// needs everything applied now (scan, shutdown).
     pub apply_lock: Mutex<()>,
-    /// In-place data the applier has started towards the device and not
-    /// yet waited for (see `apply::Writeback`); taken under `apply_lock`.
-    pub writeback: Mutex<apply::Writeback>,
+    /// In-place data handed to the write-back thread, and what it started
+    /// and has not waited for (see `writeback`).
+    pub writeback: WritebackQueue,
     /// Serialises snapshot creation (the duplicate check and the admission).
     pub snapshot_lock: Mutex<()>,
     /// Serialises writes of the active set, so slots are written in

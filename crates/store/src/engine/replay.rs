@@ -154,7 +154,7 @@ pub fn open_engine(
         partial_block_lock: Mutex::new(()),
         metadata_lock: Mutex::new(()),
         apply_lock: Mutex::new(()),
-        writeback: Mutex::new(Default::default()),
+        writeback: Default::default(),
         snapshot_lock: Mutex::new(()),
         active_set_lock: Mutex::new(()),
         direct_writes: options.direct_writes,

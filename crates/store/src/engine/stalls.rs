@@ -60,13 +60,16 @@ pub struct StallStats {
     /// Indexed like [`AdmissionWait::ALL`]: one count per write that
     /// waited, however many times its admission looped.
     pub admission: [WaitTotal; 3],
-    /// The applier starting the write-back of each pass's in-place data
-    /// (`sync_file_range(WRITE)`, which blocks when the device's queue is
-    /// full or write-back is throttled).
+    /// Starting the write-back of in-place data (`sync_file_range(WRITE)`,
+    /// which blocks when the device's queue is full or write-back is
+    /// throttled), on the write-back thread.
     pub writeback_start: WaitTotal,
-    /// The applier waiting for the write-back it started (every
+    /// The write-back thread waiting for the write-back it started (every
     /// `WRITEBACK_WAIT_BYTES`).
     pub writeback: WaitTotal,
+    /// The applier waiting for the write-back thread to catch up
+    /// (`QUEUE_MAX_BYTES` handed over and not started).
+    pub writeback_queue: WaitTotal,
     /// Checkpoints: checksum pages, the device flush and the metadata
     /// commit.
     pub checkpoints: WaitTotal,
