@@ -143,6 +143,12 @@ pub enum Command {
         node: NodeId,
         observed: ReplicaObserved,
         allocated_bytes: u64,
+        /// The size of the node's copy when it reported. A copy smaller
+        /// than the volume (the report was made before a grow committed)
+        /// is not ready: running engines grow only onto ready copies.
+        /// `None` from nodes that predate it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        size_bytes: Option<u64>,
     },
     /// A node's agent removed its replica of a deleted volume.
     ReplicaRemoved {
@@ -441,7 +447,15 @@ impl ClusterState {
                 node,
                 observed,
                 allocated_bytes,
-            } => self.report_replica(volume, volume_id, node, observed, allocated_bytes),
+                size_bytes,
+            } => self.report_replica(
+                volume,
+                volume_id,
+                node,
+                observed,
+                allocated_bytes,
+                size_bytes,
+            ),
             Command::ReplicaRemoved {
                 volume,
                 volume_id,

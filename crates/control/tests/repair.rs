@@ -124,6 +124,7 @@ fn volume_on(state: &mut ClusterState, nodes: &[u64]) {
                 node: replica.node,
                 observed: ReplicaObserved::Ready,
                 allocated_bytes: 0,
+                size_bytes: None,
             },
         );
     }

@@ -132,6 +132,7 @@ fn ready(state: &mut ClusterState, volume: &str) {
                 node: replica.node,
                 observed: ReplicaObserved::Ready,
                 allocated_bytes: 0,
+                size_bytes: None,
             },
         );
     }

@@ -216,6 +216,7 @@ fn report_all_ready(state: &mut ClusterState, volume: &str) {
                 node: replica.node,
                 observed: ReplicaObserved::Ready,
                 allocated_bytes: GIB,
+                size_bytes: None,
             },
         );
     }
@@ -804,6 +805,7 @@ fn replica_reports_update_only_the_current_volume() {
             node: holder,
             observed: ReplicaObserved::Failed("disk on fire".into()),
             allocated_bytes: 7,
+            size_bytes: None,
         },
     );
     let replica = state.volumes[&vname("v")].replica(holder).unwrap().clone();
@@ -822,6 +824,7 @@ fn replica_reports_update_only_the_current_volume() {
             node: holder,
             observed: ReplicaObserved::Ready,
             allocated_bytes: 9,
+            size_bytes: None,
         },
     );
     assert_eq!(
@@ -836,6 +839,7 @@ fn replica_reports_update_only_the_current_volume() {
             node: holder,
             observed: ReplicaObserved::Ready,
             allocated_bytes: 0,
+            size_bytes: None,
         },
     );
     assert_eq!(
@@ -2125,6 +2129,7 @@ fn command(now: u64) -> impl Strategy<Value = Command> {
                 node,
                 observed,
                 allocated_bytes,
+                size_bytes: None,
             }
         ),
         2 => (volume, 1u64..6, node_id()).prop_map(|(volume, volume_id, node)| {
@@ -2552,6 +2557,7 @@ fn resolve(state: &ClusterState, intent: &Intent) -> Command {
                 node: replica.unwrap_or(NodeId(1)),
                 observed: ReplicaObserved::Ready,
                 allocated_bytes: 0,
+                size_bytes: None,
             }
         }
         Intent::Attach {

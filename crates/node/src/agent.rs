@@ -143,14 +143,22 @@ pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), N
                 }
             },
         };
-        let (observed, allocated) = match outcome {
-            Ok(info) => (ReplicaObserved::Ready, info.allocated_bytes),
+        let (observed, allocated, size) = match outcome {
+            Ok(info) => (
+                ReplicaObserved::Ready,
+                info.allocated_bytes,
+                Some(info.size_bytes),
+            ),
             Err(error) => {
                 tracing::warn!(volume = %volume.name, %error, "cannot make the local replica");
                 let pool = existing
                     .map(|info| info.pool.clone())
                     .or_else(|| replica.pool.clone());
-                (ReplicaObserved::Failed(replica_failure(&error, pool)), 0)
+                (
+                    ReplicaObserved::Failed(replica_failure(&error, pool)),
+                    0,
+                    None,
+                )
             }
         };
         // Small changes wait until they add up (each report is a Raft
@@ -167,6 +175,9 @@ pub async fn reconcile(cluster: &Arc<Cluster>, node: &Arc<Node>) -> Result<(), N
                     node: me,
                     observed,
                     allocated_bytes: allocated,
+                    // The control plane takes a ready copy smaller than
+                    // the volume (a grow committed meanwhile) as pending.
+                    size_bytes: size,
                 })
                 .await
                 .map_err(|error| NodeError::Internal(error.to_string()))?;

@@ -117,6 +117,8 @@ fn view(in_sync: &[u64]) -> View {
         diskful: [1, 2, 3].into_iter().map(NodeId).collect(),
         tiebreakers: BTreeSet::new(),
         in_sync: in_sync.iter().copied().map(NodeId).collect(),
+        size_bytes: SIZE,
+        growing: BTreeSet::new(),
     }
 }
 

@@ -1815,6 +1815,7 @@ impl Sim {
                         ReplicaObserved::Failed("simulated failure".into())
                     },
                     allocated_bytes: self.rng.gen_range(0..GIB),
+                    size_bytes: None,
                 },
                 _ => self.random_command(),
             },

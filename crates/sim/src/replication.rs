@@ -1191,6 +1191,10 @@ impl Arbiter {
         record
             .replicas
             .retain(|replica| replica.kind == ReplicaKind::Diskful);
+        // Every node made its copy at the volume's size.
+        for replica in &mut record.replicas {
+            replica.observed = ReplicaObserved::Ready;
+        }
         for n in cfg.diskful as u64 + 1..=nodes {
             record.replicas.push(ReplicaRecord {
                 node: NodeId(n),

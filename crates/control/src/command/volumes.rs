@@ -244,12 +244,21 @@ impl ClusterState {
         node: NodeId,
         observed: ReplicaObserved,
         allocated_bytes: u64,
+        size_bytes: Option<u64>,
     ) -> Result<Reply, CommandError> {
         let volume = self.volume_mut(&name)?;
         // A report about an older volume of the same name changes nothing.
         if volume.id != volume_id {
             return Ok(Reply::Done);
         }
+        // Made before a grow committed: the copy is not ready at the
+        // size recorded now (its node grows it and reports again).
+        let observed = match observed {
+            ReplicaObserved::Ready if size_bytes.is_some_and(|size| size < volume.size_bytes) => {
+                ReplicaObserved::Pending
+            }
+            observed => observed,
+        };
         if let Some(replica) = volume
             .replicas
             .iter_mut()

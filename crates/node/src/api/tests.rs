@@ -808,6 +808,7 @@ async fn a_replica_that_found_its_pool_full_fails_the_create_with_507() {
                     Some(pool.clone()),
                 )),
                 allocated_bytes: 0,
+                size_bytes: None,
             })
             .await;
         };

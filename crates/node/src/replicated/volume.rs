@@ -183,7 +183,7 @@ fn target_reply(result: Result<Completion, ClientError>) -> Result<TargetReply, 
 
 impl BlockTarget for ReplicatedVolume {
     fn size_bytes(&self) -> u64 {
-        self.engine().size_bytes
+        self.engine().size_bytes()
     }
 
     fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), TargetError> {

@@ -10,7 +10,8 @@
 use crate::primary::{Primary, Proposal, ProposalResult, View};
 use std::collections::BTreeMap;
 use trireme_control::{
-    Command, CommandError, ReplicaKind, SyncProgress as ControlProgress, VolumeRecord,
+    Command, CommandError, ReplicaKind, ReplicaObserved, SyncProgress as ControlProgress,
+    VolumeRecord,
 };
 use trireme_types::{NodeId, VolumeName};
 
@@ -237,5 +238,14 @@ pub fn view_of(record: &VolumeRecord) -> View {
             .map(|r| r.node)
             .collect(),
         in_sync: record.in_sync.clone(),
+        size_bytes: record.size_bytes,
+        // A replica is recorded ready only at the volume's size (its node
+        // reports the size it holds, and a smaller one counts as not
+        // ready; a grow sets every replica pending again).
+        growing: record
+            .diskful()
+            .filter(|r| r.observed != ReplicaObserved::Ready)
+            .map(|r| r.node)
+            .collect(),
     }
 }

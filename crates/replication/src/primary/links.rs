@@ -51,6 +51,10 @@ impl Primary {
         if self.keep_if_back(from) {
             return;
         }
+        // A member whose copy may not hold the volume's size yet is not
+        // copied to (its store would refuse what lies past its end): it
+        // stays outdated until its node reports it grown (`release_grown`).
+        let hold = self.view.growing.contains(&from);
         let member = self.members.get_mut(&from).expect("checked");
         match &mut member.sync {
             Sync::InSync if member.outdating.is_none() => {
@@ -79,13 +83,19 @@ impl Primary {
                 member.map_since = Some(generation);
                 member.written_during_sync.clear();
                 let map = backlog.to_map(generation);
-                member.sync = Sync::Resyncing {
-                    backlog,
-                    done: 0,
-                    writes: BTreeMap::new(),
-                    reads: BTreeMap::new(),
-                };
-                member.progress_mark = (self.now_ms, 0);
+                if hold {
+                    // Tracked from our generation on, as a resync would
+                    // be: its next welcome keeps the map.
+                    member.sync = Sync::Outdated { backlog };
+                } else {
+                    member.sync = Sync::Resyncing {
+                        backlog,
+                        done: 0,
+                        writes: BTreeMap::new(),
+                        reads: BTreeMap::new(),
+                    };
+                    member.progress_mark = (self.now_ms, 0);
+                }
                 self.push_persist(from, map);
             }
             Sync::Resyncing { .. } | Sync::Joining { .. } => {}

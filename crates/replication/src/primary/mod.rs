@@ -99,6 +99,7 @@ pub const PING_EVERY_MS: u64 = LEASE_MS / 4;
 /// previous one means the engine did not run meanwhile.
 pub const TICK_GAP_MS: u64 = 1_000;
 
+mod grow;
 mod io;
 mod links;
 mod observe;
@@ -333,6 +334,13 @@ impl Primary {
 
     pub fn take_actions(&mut self) -> Vec<Action> {
         std::mem::take(&mut self.actions)
+    }
+
+    /// The size the engine serves: the size at attach, then the
+    /// recorded size once it may grow to it (see [`Primary::view`]). A
+    /// driver exports this size, never the record's.
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
     }
 
     fn region_count(&self) -> u64 {
@@ -571,6 +579,7 @@ impl Primary {
                 self.actions.push(Action::Connect { to: node });
             }
         }
+        self.release_grown(&old);
         // The set as committed is the truth: a member in it that we hold
         // outdated must be outdated through the control plane again.
         let in_sync = self.view.in_sync.clone();
@@ -920,6 +929,7 @@ impl Primary {
         if matches!(self.phase, Phase::Reconciling { .. }) {
             self.try_finish_reconcile();
         }
+        self.try_grow();
         if matches!(self.phase, Phase::Copying { .. } | Phase::Serving) {
             self.complete_writes();
         }

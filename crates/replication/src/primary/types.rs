@@ -21,6 +21,14 @@ pub struct View {
     pub diskful: BTreeSet<NodeId>,
     pub tiebreakers: BTreeSet<NodeId>,
     pub in_sync: BTreeSet<NodeId>,
+    /// The volume's size as recorded: the engine grows to it once no
+    /// member that must take every write is still `growing`.
+    pub size_bytes: u64,
+    /// Diskful members whose copy is not known to hold `size_bytes` (their
+    /// node has not reported it ready at that size since the volume last
+    /// grew). They are sent no write past the engine's size and are not
+    /// resynced until they are.
+    pub growing: BTreeSet<NodeId>,
 }
 
 impl View {
@@ -169,6 +177,8 @@ pub struct Counters {
     /// Regions resyncs copied, holes or not.
     pub resynced_regions: u64,
     pub writes_completed: u64,
+    /// Times the engine took a larger recorded size while it ran.
+    pub grows: u64,
 }
 
 /// Where a `verify` stands.

@@ -74,6 +74,7 @@ pub(super) struct DriverStart {
     pub persister: mpsc::UnboundedSender<PersistJob>,
     pub local_readable: Arc<AtomicBool>,
     pub lease_until: Arc<AtomicU64>,
+    pub served_size: Arc<AtomicU64>,
     pub clock: Clock,
     pub port: Box<dyn ControlPlane + Send>,
 }
@@ -104,6 +105,9 @@ pub(super) struct Driver {
     local_readable: Arc<AtomicBool>,
     /// The engine's read lease, by `clock`: local reads start before it.
     lease_until: Arc<AtomicU64>,
+    /// The size the engine serves (it grows while it runs): what the NBD
+    /// export answers.
+    served_size: Arc<AtomicU64>,
     clock: Clock,
     /// The engine stopped: inputs go to its task from now on.
     pub stopping: bool,
@@ -146,6 +150,7 @@ impl Driver {
             persister: start.persister,
             local_readable: start.local_readable,
             lease_until: start.lease_until,
+            served_size: start.served_size,
             clock: start.clock,
             stopping: false,
             control: PrimaryDriver::new(start.me, start.volume.clone()),
@@ -305,6 +310,10 @@ impl Driver {
             if self.queued.is_empty() {
                 self.lease_until
                     .store(self.primary.read_lease_until(), Ordering::Release);
+                let size = self.primary.size_bytes();
+                if self.served_size.swap(size, Ordering::AcqRel) != size {
+                    tracing::info!(volume = %self.volume, size_bytes = size, "the engine serves the volume's new size");
+                }
                 self.log_counters();
                 return;
             }

@@ -168,7 +168,10 @@ impl Core {
 pub struct EngineHandle {
     pub volume: VolumeName,
     pub generation: Generation,
-    pub size_bytes: u64,
+    /// The size the engine serves: the record's at attach, then each
+    /// larger recorded size once every replica that takes the writes
+    /// holds it (`Primary::size_bytes`).
+    size_bytes: Arc<AtomicU64>,
     /// The engine of a detached volume, run only to resync its replicas:
     /// it serves no client.
     pub resync_only: bool,
@@ -193,6 +196,10 @@ impl EngineHandle {
         self.local.is_some()
             && self.local_readable.load(Ordering::Acquire)
             && self.clock.now_ms() < self.lease_until.load(Ordering::Acquire)
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes.load(Ordering::Acquire)
     }
 
     pub fn is_stopped(&self) -> bool {
@@ -324,6 +331,7 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
     let (stopped_inputs, receiver) = mpsc::unbounded_channel();
     let local_readable = Arc::new(AtomicBool::new(false));
     let lease_until = Arc::new(AtomicU64::new(0));
+    let served_size = Arc::new(AtomicU64::new(primary.size_bytes()));
     let stopped = Arc::new(AtomicBool::new(false));
     let core = Arc::new_cyclic(|core: &std::sync::Weak<Core>| Core {
         driver: Mutex::new(Driver::new(driver::DriverStart {
@@ -342,6 +350,7 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
             ),
             local_readable: local_readable.clone(),
             lease_until: lease_until.clone(),
+            served_size: served_size.clone(),
             clock,
             port: Box::new(EnginePort::new(start.control.clone(), {
                 let core = core.clone();
@@ -359,7 +368,7 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
     let handle = Arc::new(EngineHandle {
         volume: record.name.clone(),
         generation: record.generation,
-        size_bytes: record.size_bytes,
+        size_bytes: served_size,
         resync_only,
         core: core.clone(),
         local: start.local,
