@@ -62,6 +62,9 @@ pub struct ControlBugs {
     /// check: from a node that is no longer a primary, or at a generation
     /// that is no longer current.
     pub skip_fence_check: bool,
+    /// A replica's ready report is taken whatever size its copy had when
+    /// it was made (before a grow committed, say).
+    pub ready_ignores_size: bool,
 }
 
 impl ClusterState {
@@ -75,6 +78,15 @@ impl ClusterState {
     pub(crate) fn skips_fence_check(&self) -> bool {
         #[cfg(feature = "bug-switches")]
         return self.bugs.skip_fence_check;
+        #[cfg(not(feature = "bug-switches"))]
+        false
+    }
+
+    /// Whether a ready report of a copy smaller than the volume is taken
+    /// as ready (a bug switch; never without the feature).
+    pub(crate) fn ready_ignores_size(&self) -> bool {
+        #[cfg(feature = "bug-switches")]
+        return self.bugs.ready_ignores_size;
         #[cfg(not(feature = "bug-switches"))]
         false
     }

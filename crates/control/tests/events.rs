@@ -106,6 +106,7 @@ fn three_nodes() -> ClusterState {
                 node: NodeId(node),
                 observed: ReplicaObserved::Ready,
                 allocated_bytes: 0,
+                size_bytes: None,
             },
         );
     }

@@ -2805,3 +2805,40 @@ fn a_detached_volume_resyncs_through_a_resync_only_primary_that_gives_way() {
         },
     );
 }
+
+#[test]
+fn a_ready_report_of_a_copy_smaller_than_the_volume_stays_pending() {
+    let mut state = cluster(&["za", "zb", "zc"]);
+    let record = created(apply_ok(&mut state, create_with("v", Some(1), None, None)));
+    let holder = record.replicas[0].node;
+    let report = |size_bytes: u64| Command::ReportReplica {
+        volume: vname("v"),
+        volume_id: record.id,
+        node: holder,
+        observed: ReplicaObserved::Ready,
+        allocated_bytes: 0,
+        size_bytes: Some(size_bytes),
+    };
+    apply_ok(&mut state, report(record.size_bytes));
+    let grown = record.size_bytes * 2;
+    apply_ok(
+        &mut state,
+        Command::GrowVolume {
+            name: vname("v"),
+            size_bytes: grown,
+        },
+    );
+    let observed = |state: &ClusterState| {
+        state.volumes[&vname("v")]
+            .replica(holder)
+            .unwrap()
+            .observed
+            .clone()
+    };
+    assert_eq!(observed(&state), ReplicaObserved::Pending);
+    // Made before the grow committed: not ready at the new size.
+    apply_ok(&mut state, report(record.size_bytes));
+    assert_eq!(observed(&state), ReplicaObserved::Pending);
+    apply_ok(&mut state, report(grown));
+    assert_eq!(observed(&state), ReplicaObserved::Ready);
+}

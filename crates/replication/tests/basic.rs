@@ -509,3 +509,109 @@ fn verify_without_a_majority_keeps_the_primary_copy_and_says_so() {
     let refused = world.primary.start_verify(world.now).unwrap_err();
     assert!(refused.contains("1 of them is reachable"), "{refused}");
 }
+
+/// A running engine grows: it takes the recorded size only once every
+/// in-sync replica is reported grown, writes past the old end reach only
+/// copies that hold them, and a replica that was away is held outdated
+/// until its node grows its copy, then resynced, grown part included.
+#[test]
+fn a_running_engine_grows_once_the_in_sync_copies_hold_the_new_size() {
+    // Not a whole number of regions: the region across the old end counts.
+    let grown = SIZE + (3 << 19) + 4096;
+    let mut world = World::with_down(&[1, 2], &[3]);
+    world.write(1, SIZE - 4096, 0x31);
+    let view_growing = |growing: &[u64]| View {
+        size_bytes: grown,
+        growing: growing.iter().copied().map(NodeId).collect(),
+        ..view(&[1, 2])
+    };
+    let grow_copy = |world: &mut World, node: u64| {
+        world
+            .replicas
+            .get_mut(&NodeId(node))
+            .unwrap()
+            .data
+            .resize(grown as usize, 0);
+    };
+    world.primary.view(view_growing(&[1, 2, 3]), world.now);
+    world.run();
+    assert_eq!(world.primary.size_bytes(), SIZE, "no copy is grown yet");
+    grow_copy(&mut world, 1);
+    world.primary.view(view_growing(&[2, 3]), world.now);
+    world.run();
+    assert_eq!(world.primary.size_bytes(), SIZE, "n2 is in sync, not grown");
+    grow_copy(&mut world, 2);
+    world.primary.view(view_growing(&[3]), world.now);
+    world.run();
+    assert_eq!(
+        world.primary.size_bytes(),
+        grown,
+        "every in-sync copy is grown; n3 is outdated"
+    );
+    // Past the old end, in the region across it, and in the last block.
+    world.write(2, SIZE, 0x32);
+    world.write(3, grown - 4096, 0x33);
+    assert_eq!(world.done[&2], Ok(Completion::Done));
+    assert_eq!(world.done[&3], Ok(Completion::Done));
+    for node in [1, 2] {
+        let data = &world.replicas[&NodeId(node)].data;
+        assert_eq!(
+            (data[SIZE as usize], data[grown as usize - 1]),
+            (0x32, 0x33)
+        );
+    }
+    // n3 comes back with its copy still small: it gets nothing.
+    world.replicas.get_mut(&NodeId(3)).unwrap().up = true;
+    world.primary.link_up(NodeId(3), world.now);
+    world.run();
+    for _ in 0..10 {
+        world.now += 100;
+        world.primary.tick(world.now);
+        world.run();
+    }
+    assert_eq!(world.replicas[&NodeId(3)].data.len() as u64, SIZE);
+    let states = world.primary.member_states();
+    assert!(
+        states.contains(&(NodeId(3), "outdated".into(), None)),
+        "{states:?}"
+    );
+    // Its node grows it: the engine resyncs it, grown part included.
+    grow_copy(&mut world, 3);
+    world.primary.view(view_growing(&[]), world.now);
+    world.run();
+    world.primary.link_up(NodeId(3), world.now);
+    world.run();
+    for _ in 0..20 {
+        world.now += 100;
+        world.primary.tick(world.now);
+        world.run();
+    }
+    let data = &world.replicas[&NodeId(3)].data;
+    assert_eq!(
+        (
+            data[SIZE as usize - 1],
+            data[SIZE as usize],
+            data[grown as usize - 1]
+        ),
+        (0x31, 0x32, 0x33)
+    );
+    let states = world.primary.member_states();
+    assert!(
+        states.iter().all(|(_, state, _)| state == "up-to-date"),
+        "{states:?}"
+    );
+    // A verify covers the grown volume.
+    world.primary.start_verify(world.now).unwrap();
+    world.run();
+    for _ in 0..200 {
+        if world.primary.verify_report().unwrap().state != VerifyState::Running {
+            break;
+        }
+        world.now += 100;
+        world.primary.tick(world.now);
+        world.run();
+    }
+    let report = world.primary.verify_report().unwrap().clone();
+    assert_eq!(report.state, VerifyState::Done, "{report:?}");
+    assert_eq!((report.checked_bytes, report.differing_blocks), (grown, 0));
+}

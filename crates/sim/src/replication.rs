@@ -159,7 +159,8 @@
 //! [`ReplicationSimConfig::ignore_refused_outdate`],
 //! [`ReplicationSimConfig::ack_before_quorum`] and, in the control plane's
 //! `apply` (feature `bug-switches` of `trireme-control`),
-//! [`ReplicationSimConfig::control_skips_fence_check`]; runs with any should fail
+//! [`ReplicationSimConfig::control_skips_fence_check`] and
+//! [`ReplicationSimConfig::control_ready_ignores_size`]; runs with any should fail
 //! (crates/sim/tests/replication_sim.rs shows that they do).
 //!
 //! `TRIREME_SIM_WATCH=<block>` adds that block's content to the traced disk
@@ -203,6 +204,9 @@ const NONE: u64 = u64::MAX;
 const SWEEP_WINDOW: usize = 4;
 /// Blocks per sweep read.
 const SWEEP_BLOCKS: u64 = 16;
+/// How much a run's volume may grow in all: disks and the model are made
+/// this much larger than the volume from the start.
+pub const GROW_ROOM_BYTES: u64 = 3 << 20;
 
 type Time = u64;
 type EngineId = u64;
@@ -259,6 +263,10 @@ pub struct ReplicationSimConfig {
     pub verify: f64,
     /// Per step: the current engine is asked for a snapshot.
     pub snapshot: f64,
+    /// Per step: the volume grows (the control plane records a larger
+    /// size; each node's agent grows its copy and reports it later), by
+    /// up to [`GROW_ROOM_BYTES`] in all.
+    pub grow: f64,
     /// Per proposal: the control plane has no leader.
     pub unavailable: f64,
     /// Per proposal: committed, but the answer is lost.
@@ -297,6 +305,10 @@ pub struct ReplicationSimConfig {
     /// correctly and the arbiter accepts the fenced primary's word about
     /// who is up to date. Runs with it should fail.
     pub control_skips_fence_check: bool,
+    /// A bug switch of the control plane: it records a replica ready on a
+    /// report made before a grow committed (its copy is smaller than the
+    /// volume). Runs with it and grows should fail.
+    pub control_ready_ignores_size: bool,
     /// Print every event to stderr.
     pub trace: bool,
 }
@@ -328,6 +340,7 @@ impl Default for ReplicationSimConfig {
             detach: 0.0006,
             verify: 0.0008,
             snapshot: 0.0015,
+            grow: 0.0,
             unavailable: 0.1,
             answer_lost: 0.05,
             refuse_in_sync: 0.05,
@@ -340,6 +353,7 @@ impl Default for ReplicationSimConfig {
             ignore_refused_outdate: false,
             ack_before_quorum: false,
             control_skips_fence_check: false,
+            control_ready_ignores_size: false,
             trace: false,
         }
     }
@@ -374,6 +388,12 @@ impl ReplicationSimConfig {
         } else {
             (0.0, 0.0)
         };
+        // Drawn apart too: seeds without grows keep their history.
+        let grow = if StdRng::seed_from_u64(seed ^ 0x6772_6f77_2067_726f).gen_bool(0.5) {
+            0.002 * intensity
+        } else {
+            0.0
+        };
         let base = ReplicationSimConfig::default();
         ReplicationSimConfig {
             diskful,
@@ -406,6 +426,7 @@ impl ReplicationSimConfig {
             detach: base.detach * intensity,
             verify: base.verify * intensity,
             snapshot: base.snapshot * intensity,
+            grow,
             max_outstanding: rng.gen_range(2..=8),
             op_rate: rng.gen_range(0.3..0.9),
             final_crash: rng.gen_bool(0.7),
@@ -442,6 +463,7 @@ impl ReplicationSimConfig {
             self.detach,
             self.verify,
             self.snapshot,
+            self.grow,
             self.unavailable,
             self.answer_lost,
             self.refuse_in_sync,
@@ -498,6 +520,7 @@ impl ReplicationSimConfig {
             && !self.ignore_refused_outdate
             && !self.ack_before_quorum
             && !self.control_skips_fence_check
+            && !self.control_ready_ignores_size
     }
 
     /// The only faults are pools full on every replica at once: then
@@ -562,6 +585,9 @@ pub struct ReplicationSimReport {
     pub writes_no_space: u64,
     /// Times the primary's node stopped for a while.
     pub pauses: u64,
+    /// Times the volume grew, and times an engine took a new size.
+    pub grows: u64,
+    pub engine_grows: u64,
     pub stalls: u64,
     pub fenced_engines: u64,
     pub outdated: u64,
@@ -900,6 +926,9 @@ struct Node {
     max_accepted: Generation,
     /// Snapshots it took: their blocks' tags (durable: they survive crashes).
     snapshots: BTreeMap<SnapshotId, Vec<u64>>,
+    /// The size of its copy, in blocks (durable: its agent grows it). It
+    /// refuses what lies past it, as a store does.
+    store_blocks: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -925,6 +954,9 @@ struct Link {
 struct Engine {
     node: NodeId,
     generation: Generation,
+    /// The size it started with: only past it must it know that every
+    /// member it sends to holds what it sends.
+    start_bytes: u64,
     primary: Primary,
     /// Its dealings with the control plane: the node's own driver.
     control: PrimaryDriver,
@@ -1093,6 +1125,17 @@ enum Ev {
     Restart {
         node: NodeId,
     },
+    /// A node's agent grows its copy to the recorded size, if the record
+    /// says it is not ready.
+    AgentGrow {
+        node: NodeId,
+    },
+    /// The agent's report of its copy, made at `size_bytes`, reaches the
+    /// control plane (perhaps after a later grow committed).
+    AgentReport {
+        node: NodeId,
+        size_bytes: u64,
+    },
     /// A stopped node goes on.
     Resume {
         node: NodeId,
@@ -1211,6 +1254,7 @@ impl Arbiter {
             .expect("the run's starting state is a valid cluster state");
         state.set_bugs(ControlBugs {
             skip_fence_check: cfg.control_skips_fence_check,
+            ready_ignores_size: cfg.control_ready_ignores_size,
         });
         let view = view_of(&state.volumes[&volume]);
         Arbiter {
@@ -1263,7 +1307,12 @@ struct Sim {
     now: Time,
     queue: BTreeMap<(Time, u64), Ev>,
     queued: u64,
+    /// The volume's recorded size, in blocks (it grows).
     blocks: u64,
+    max_blocks: u64,
+    /// Grows and the agents' delays: apart, so seeds without grows keep
+    /// their history.
+    grow_rng: StdRng,
     nodes: BTreeMap<NodeId, Node>,
     links: BTreeMap<LinkId, Link>,
     next_link: LinkId,
@@ -1308,6 +1357,8 @@ struct Sim {
 impl Sim {
     fn new(seed: u64, cfg: ReplicationSimConfig) -> Sim {
         let blocks = cfg.size_bytes / BLOCK;
+        // Room to grow: the volume's blocks are the first `blocks`.
+        let max_blocks = blocks + GROW_ROOM_BYTES / BLOCK;
         let replica_driver = ReplicaDriver::new().with_bugs(ReplicaBugs {
             welcome_without_persist: cfg.welcome_without_persist,
             ignore_fencing: cfg.ignore_fencing,
@@ -1338,10 +1389,11 @@ impl Sim {
                     side: Some(ReplicaSide::new(Generation(0), None, true)),
                     durable,
                     persist_at: 0,
-                    disk: diskful.then(|| Disk::new(blocks)),
+                    disk: diskful.then(|| Disk::new(max_blocks)),
                     links: BTreeSet::new(),
                     max_accepted: Generation(0),
                     snapshots: BTreeMap::new(),
+                    store_blocks: if diskful { blocks } else { 0 },
                 },
             );
         }
@@ -1356,6 +1408,8 @@ impl Sim {
             queue: BTreeMap::new(),
             queued: 0,
             blocks,
+            max_blocks,
+            grow_rng: StdRng::seed_from_u64(seed ^ 0x6167_656e_7473_2121),
             nodes,
             links: BTreeMap::new(),
             next_link: 1,
@@ -1376,7 +1430,7 @@ impl Sim {
                     ambiguous: 0,
                     unknown: Vec::new(),
                 };
-                blocks as usize
+                max_blocks as usize
             ],
             lc: 1,
             phase: Phase::Run,
@@ -1608,7 +1662,111 @@ impl Sim {
             }
             Ev::Restart { node } => self.restart(node),
             Ev::Resume { node } => self.resume(node),
+            Ev::AgentGrow { node } => self.agent_grow(node),
+            Ev::AgentReport { node, size_bytes } => self.agent_report(node, size_bytes),
         }
+    }
+
+    // --- growing ---------------------------------------------------------------
+
+    /// The operator grows the volume: the control plane records it, and
+    /// every diskful node's agent will grow its copy.
+    fn grow_volume(&mut self) {
+        let room = (self.max_blocks - self.blocks) * BLOCK;
+        if room == 0 {
+            return;
+        }
+        // Whole blocks, often not whole regions.
+        let by = BLOCK * self.grow_rng.gen_range(1..=(room / BLOCK).min(256));
+        let size_bytes = self.blocks * BLOCK + by;
+        let name = self.arbiter.volume.clone();
+        let now = self.now;
+        match self
+            .arbiter
+            .apply(NodeId(1), now, Command::GrowVolume { name, size_bytes })
+        {
+            Ok(_) => {}
+            Err(error) => {
+                self.violate(format!(
+                    "the control plane refused a grow to {size_bytes}: {error}"
+                ));
+                return;
+            }
+        }
+        self.blocks = size_bytes / BLOCK;
+        self.report.grows += 1;
+        self.log(format!("operator: grow the volume to {size_bytes} bytes"));
+        for node in self.diskful_nodes() {
+            let delay = self.grow_rng.gen_range(1..=3_000);
+            self.at(now + delay, Ev::AgentGrow { node });
+        }
+        self.views_changed();
+    }
+
+    /// A node's agent sees its replica not ready: it grows its copy to
+    /// the recorded size and reports that size, later. A node that is down
+    /// or cut off from the control plane does so once it is back.
+    fn agent_grow(&mut self, node: NodeId) {
+        let ready = self.arbiter.state.volumes[&self.arbiter.volume]
+            .replica(node)
+            .is_none_or(|replica| replica.observed == ReplicaObserved::Ready);
+        if ready {
+            return;
+        }
+        if !self.nodes[&node].up || !self.reachable(node) || self.paused.contains_key(&node) {
+            let delay = self.grow_rng.gen_range(200..=1_500);
+            self.at(self.now + delay, Ev::AgentGrow { node });
+            return;
+        }
+        let blocks = self.blocks;
+        let n = self.nodes.get_mut(&node).expect("a node");
+        n.store_blocks = n.store_blocks.max(blocks);
+        let size_bytes = n.store_blocks * BLOCK;
+        self.log(format!(
+            "node {node}: agent: copy grown to {size_bytes} bytes"
+        ));
+        let delay = self.grow_rng.gen_range(0..=1_500);
+        self.at(self.now + delay, Ev::AgentReport { node, size_bytes });
+    }
+
+    fn agent_report(&mut self, node: NodeId, size_bytes: u64) {
+        if !self.nodes[&node].up || !self.reachable(node) || self.paused.contains_key(&node) {
+            // Lost: the agent tries again.
+            let delay = self.grow_rng.gen_range(200..=1_500);
+            self.at(self.now + delay, Ev::AgentGrow { node });
+            return;
+        }
+        let record = &self.arbiter.state.volumes[&self.arbiter.volume];
+        let command = Command::ReportReplica {
+            volume: record.name.clone(),
+            volume_id: record.id,
+            node,
+            observed: ReplicaObserved::Ready,
+            allocated_bytes: 0,
+            size_bytes: Some(size_bytes),
+        };
+        let now = self.now;
+        if let Err(error) = self.arbiter.apply(node, now, command) {
+            self.violate(format!("node {node}'s ready report was refused: {error}"));
+            return;
+        }
+        let ready = self.arbiter.state.volumes[&self.arbiter.volume]
+            .replica(node)
+            .is_some_and(|replica| replica.observed == ReplicaObserved::Ready);
+        self.log(format!(
+            "node {node}: agent: reported ready at {size_bytes} bytes{}",
+            if ready { "" } else { " (stale: still pending)" }
+        ));
+        if !ready {
+            let delay = self.grow_rng.gen_range(1..=1_000);
+            self.at(self.now + delay, Ev::AgentGrow { node });
+        }
+        self.views_changed();
+    }
+
+    /// The blocks engine `id` serves.
+    fn engine_blocks(&self, id: EngineId) -> u64 {
+        self.engines[&id].primary.size_bytes() / BLOCK
     }
 
     /// The stopped node an event is for, if it is for one: it waits until
@@ -1628,7 +1786,10 @@ impl Sim {
             Ev::Connect { engine, .. } | Ev::Answer { engine, .. } | Ev::View { engine } => {
                 [engine_node(engine), None]
             }
-            Ev::Disk { node, .. } | Ev::Persist { node, .. } => [Some(*node), None],
+            Ev::Disk { node, .. }
+            | Ev::Persist { node, .. }
+            | Ev::AgentGrow { node }
+            | Ev::AgentReport { node, .. } => [Some(*node), None],
             Ev::Step | Ev::Tick | Ev::Apply { .. } | Ev::Restart { .. } | Ev::Resume { .. } => {
                 [None, None]
             }
@@ -1771,6 +1932,9 @@ impl Sim {
     }
 
     fn faults(&mut self) {
+        if self.cfg.grow > 0.0 && self.grow_rng.gen_bool(self.cfg.grow) {
+            self.grow_volume();
+        }
         let all: Vec<NodeId> = self.nodes.keys().copied().collect();
         let down = self.nodes.values().filter(|n| !n.up).count();
         let max_down = if all.len() >= 5 { 2 } else { 1 };
@@ -2091,7 +2255,9 @@ impl Sim {
         n.durable.primary_at = Some(generation);
         let config = EngineConfig {
             me: node,
-            size_bytes: self.cfg.size_bytes,
+            // As the node: the recorded size, whether or not every
+            // replica's agent has grown its copy yet.
+            size_bytes: self.blocks * BLOCK,
             view: self.arbiter.view.clone(),
             policy: self.cfg.policy,
             resync_rate: self.cfg.resync_rate,
@@ -2122,6 +2288,7 @@ impl Sim {
             Engine {
                 node,
                 generation,
+                start_bytes: self.blocks * BLOCK,
                 primary,
                 control: PrimaryDriver::new(node, self.arbiter.volume.clone()).with_bugs(
                     PrimaryBugs {
@@ -2186,24 +2353,26 @@ impl Sim {
 
     // --- the workload ------------------------------------------------------------
 
-    fn random_range(&mut self) -> (u64, u64) {
+    /// A range of blocks inside the first `blocks` (the size the engine
+    /// that gets the request serves).
+    fn random_range(&mut self, blocks: u64) -> (u64, u64) {
         let count = if self.rng.gen_bool(0.5) {
             self.rng.gen_range(1..=2)
         } else {
             self.rng.gen_range(1..=16)
         };
         let per_region = REGION_BYTES / BLOCK;
-        let regions = self.blocks.div_ceil(per_region);
+        let regions = blocks.div_ceil(per_region);
         let first = match self.rng.gen_range(0..10) {
-            0..=3 => self.rng.gen_range(0..48.min(self.blocks)),
+            0..=3 => self.rng.gen_range(0..48.min(blocks)),
             4..=5 => {
                 let region = self.rng.gen_range(1..regions.max(2));
                 (region * per_region).saturating_sub(self.rng.gen_range(0..16))
             }
-            _ => self.rng.gen_range(0..self.blocks),
+            _ => self.rng.gen_range(0..blocks),
         };
-        let first = first.min(self.blocks - 1);
-        (first, count.min(self.blocks - first))
+        let first = first.min(blocks - 1);
+        (first, count.min(blocks - first))
     }
 
     fn workload(&mut self) {
@@ -2244,7 +2413,7 @@ impl Sim {
                     self.issue_flush(id);
                 }
                 _ => {
-                    let (first, count) = self.random_range();
+                    let (first, count) = self.random_range(self.engine_blocks(id));
                     // What the node does: its own copy, without the
                     // engine, while it is up to date and the lease holds.
                     let engine = &self.engines[&id];
@@ -2264,7 +2433,10 @@ impl Sim {
                 continue;
             }
             while let Some(next) = self.engines[&id].sweep {
-                if next >= self.blocks {
+                // What the engine serves; a sweep started before it grew
+                // goes on into the new blocks.
+                let blocks = self.engine_blocks(id);
+                if next >= blocks {
                     let pending = self.ops.values().any(|op| {
                         op.engine == id && matches!(op.kind, OpKind::Read { sweep: true, .. })
                     });
@@ -2290,7 +2462,7 @@ impl Sim {
                 if in_flight >= window {
                     break;
                 }
-                let count = blocks.min(self.blocks - next);
+                let count = blocks.min(self.engine_blocks(id) - next);
                 self.engines.get_mut(&id).expect("listed").sweep = Some(next + count);
                 self.issue_read(id, next, count, false, true);
             }
@@ -2317,7 +2489,7 @@ impl Sim {
     }
 
     fn issue_write(&mut self, engine: EngineId, fua: bool, zero: bool) {
-        let (first, count) = self.random_range();
+        let (first, count) = self.random_range(self.engine_blocks(engine));
         self.issue_write_at(engine, first, count, fua, zero);
     }
 
@@ -2533,6 +2705,13 @@ impl Sim {
         if states.iter().any(|(_, state, _)| state != "up-to-date") {
             return Some(format!("member states {states:?}"));
         }
+        if engine.primary.size_bytes() != self.blocks * BLOCK {
+            return Some(format!(
+                "the engine serves {} bytes of the volume's {}",
+                engine.primary.size_bytes(),
+                self.blocks * BLOCK
+            ));
+        }
         let waiting: Vec<u64> = self
             .ops
             .iter()
@@ -2672,7 +2851,8 @@ impl Sim {
                 lost.push(b);
             }
         }
-        for b in lost.into_iter().take(4) {
+        let served = self.engine_blocks(engine);
+        for b in lost.into_iter().filter(|&b| b < served).take(4) {
             self.log(format!(
                 "settle: block {b} is corrupt on every in-sync replica; restore it"
             ));
@@ -2685,6 +2865,24 @@ impl Sim {
     fn check_convergence(&mut self) {
         let diskful = self.diskful_nodes();
         let reference = diskful[0];
+        for n in &diskful {
+            let node = &self.nodes[n];
+            if node.store_blocks < self.blocks {
+                self.violate(format!(
+                    "after convergence node {n}'s copy holds {} blocks of the volume's {}",
+                    node.store_blocks, self.blocks
+                ));
+                return;
+            }
+            let disk = node.disk.as_ref().expect("diskful");
+            if let Some(b) = (self.blocks..self.max_blocks).find(|&b| disk.top(b) != 0) {
+                self.violate(format!(
+                    "node {n} holds {} at block {b}, past the volume's end",
+                    describe_tag(disk.top(b))
+                ));
+                return;
+            }
+        }
         for b in 0..self.blocks {
             let tops: Vec<(NodeId, u64)> = diskful
                 .iter()
@@ -3023,6 +3221,55 @@ impl Sim {
                 admitted.insert(member, accepted);
             }
         }
+        // Past the end of this node's copy: its store refuses it (as
+        // `driver::replica::execute` does), and a running engine must not
+        // have sent it past the size it started with (it grows only onto
+        // copies reported grown).
+        let range = match &message {
+            ToReplica::Write {
+                offset, payload, ..
+            } => Some((*offset, payload.length())),
+            ToReplica::Read { offset, length, .. } | ToReplica::Hash { offset, length, .. } => {
+                Some((*offset, *length))
+            }
+            _ => None,
+        };
+        if let Some((offset, length)) = range {
+            let end = offset + length;
+            let store_end = self.nodes[&member].store_blocks * BLOCK;
+            if end <= self.max_blocks * BLOCK && end > store_end {
+                if let Some(start) = self.engines.get(&engine).map(|e| e.start_bytes) {
+                    if end > start {
+                        self.violate(format!(
+                            "engine {engine} (started at {start} bytes, now {}) sent {summary} to node {member}, whose copy holds {store_end} bytes",
+                            self.engines[&engine].primary.size_bytes()
+                        ));
+                        return;
+                    }
+                }
+                let error = ReplicaError::Refused(format!("{summary} is outside the volume"));
+                let reply = match message {
+                    ToReplica::Write { seq, .. } => FromReplica::Ack {
+                        seq,
+                        result: Err(error),
+                    },
+                    ToReplica::Read { id, .. } => FromReplica::ReadReply {
+                        id,
+                        result: Err(error),
+                    },
+                    ToReplica::Hash { id, .. } => FromReplica::HashReply {
+                        id,
+                        result: Err(error),
+                    },
+                    _ => unreachable!("a range"),
+                };
+                self.log(format!(
+                    "node {member}: refuses {summary}: its copy holds {store_end} bytes"
+                ));
+                self.replica_send(link, reply);
+                return;
+            }
+        }
         let kind = match message {
             ToReplica::Write {
                 seq,
@@ -3034,7 +3281,7 @@ impl Sim {
                 let length = payload.length();
                 if !offset.is_multiple_of(BLOCK)
                     || !length.is_multiple_of(BLOCK)
-                    || offset + length > self.cfg.size_bytes
+                    || offset + length > self.max_blocks * BLOCK
                     || length == 0
                 {
                     self.violate(format!("bad write from engine {engine}: {summary}"));
@@ -3064,7 +3311,7 @@ impl Sim {
             ToReplica::Read { id, offset, length } => {
                 if !offset.is_multiple_of(BLOCK)
                     || !length.is_multiple_of(BLOCK)
-                    || offset + length > self.cfg.size_bytes
+                    || offset + length > self.max_blocks * BLOCK
                     || length == 0
                 {
                     self.violate(format!("bad read from engine {engine}: {summary}"));
@@ -3079,7 +3326,7 @@ impl Sim {
             ToReplica::Hash { id, offset, length } => {
                 if !offset.is_multiple_of(BLOCK)
                     || !length.is_multiple_of(BLOCK)
-                    || offset + length > self.cfg.size_bytes
+                    || offset + length > self.max_blocks * BLOCK
                     || length == 0
                 {
                     self.violate(format!("bad hash request from engine {engine}: {summary}"));
@@ -3820,6 +4067,7 @@ impl Sim {
         self.report.resynced_bytes += counters.resynced_bytes;
         self.report.repaired_blocks += counters.repaired_blocks;
         self.report.read_failovers += counters.read_failovers;
+        self.report.engine_grows += counters.grows;
     }
 
     /// Requests of an engine that is gone: writes end with an unknown

@@ -484,3 +484,24 @@ fn a_control_plane_that_skips_its_fencing_check_is_caught() {
         },
     );
 }
+
+#[test]
+fn a_ready_report_made_before_a_grow_is_caught() {
+    // The control plane takes a replica's ready report whatever size its
+    // copy had when the report was made: a report made just before a grow
+    // committed then says the copy is ready at the new size, the running
+    // engine grows onto it and sends it writes past its end.
+    assert_switch_caught(
+        "ready reports ignore the copy's size",
+        40,
+        |seed| ReplicationSimConfig {
+            grow: 0.01,
+            steps: 800,
+            ..ReplicationSimConfig::for_seed(seed)
+        },
+        |config| ReplicationSimConfig {
+            control_ready_ignores_size: true,
+            ..config
+        },
+    );
+}

@@ -246,6 +246,7 @@ impl ClusterState {
         allocated_bytes: u64,
         size_bytes: Option<u64>,
     ) -> Result<Reply, CommandError> {
+        let ignore_size = self.ready_ignores_size();
         let volume = self.volume_mut(&name)?;
         // A report about an older volume of the same name changes nothing.
         if volume.id != volume_id {
@@ -254,7 +255,9 @@ impl ClusterState {
         // Made before a grow committed: the copy is not ready at the
         // size recorded now (its node grows it and reports again).
         let observed = match observed {
-            ReplicaObserved::Ready if size_bytes.is_some_and(|size| size < volume.size_bytes) => {
+            ReplicaObserved::Ready
+                if !ignore_size && size_bytes.is_some_and(|size| size < volume.size_bytes) =>
+            {
                 ReplicaObserved::Pending
             }
             observed => observed,

@@ -48,6 +48,8 @@ impl Simulator for Replication {
         vec![
             (report.writes_ok, "acknowledged writes"),
             (report.blocks_checked, "blocks read and checked"),
+            (report.grows, "grows"),
+            (report.engine_grows, "grows taken by running engines"),
         ]
     }
 
