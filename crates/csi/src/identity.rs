@@ -8,7 +8,7 @@ use crate::csi::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
     GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
 };
-use crate::Driver;
+use crate::{Driver, Expansion};
 
 pub const DRIVER_NAME: &str = "csi.trireme.io";
 
@@ -40,18 +40,24 @@ impl Identity for Driver {
         if self.mode.controller() {
             capabilities.push(service(service::Type::ControllerService));
         }
-        // Offline, on every host: nbdfuse's device (hosts without the
-        // kernel nbd module) keeps the size it connected with until the
-        // volume is staged again; a kernel nbd device grows in place, but
-        // only once the daemon serves the new size, and a volume attached
-        // through its replication engine (every CSI volume: ControllerPublish
-        // attaches it) is served at the size it had when attached. ONLINE
-        // would have the resizer grow volumes in use and kubelet retry a
+        // Online where the nodes have the kernel `nbd` module: the
+        // replication engine grows a published volume while it runs, and
+        // the node daemon grows its kernel device in place once it serves
+        // the new size, so NodeExpandVolume grows the mounted file system.
+        // nbdfuse's device (no `nbd` module) keeps the size it connected
+        // with until the volume is staged again: there ONLINE would have
+        // csi-resizer grow volumes in use and kubelet retry a
         // NodeExpandVolume that cannot succeed until the pod restarts.
+        // One answer per plugin (`--expansion`, decided by this host's
+        // module when `auto`).
+        let expansion = match self.expansion {
+            Expansion::Online => volume_expansion::Type::Online,
+            Expansion::Offline | Expansion::Auto => volume_expansion::Type::Offline,
+        };
         capabilities.push(PluginCapability {
             r#type: Some(plugin_capability::Type::VolumeExpansion(
                 plugin_capability::VolumeExpansion {
-                    r#type: volume_expansion::Type::Offline as i32,
+                    r#type: expansion as i32,
                 },
             )),
         });

@@ -45,6 +45,36 @@ impl Mode {
     }
 }
 
+/// Whether volumes in use may grow: what Identity advertises (one answer
+/// for the whole plugin, asked of the controller by csi-resizer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Expansion {
+    /// Volumes grow while published: the file system grows at once
+    /// (NodeExpandVolume on the mounted volume). Every node must have the
+    /// kernel `nbd` module: an nbdfuse device keeps its size until staged
+    /// again.
+    Online,
+    /// Volumes grow only while no pod uses them; the file system grows at
+    /// the next stage.
+    Offline,
+    /// Online if this host has the kernel `nbd` module
+    /// (`/sys/module/nbd`), else offline.
+    Auto,
+}
+
+impl Expansion {
+    /// `Auto` decided by this host.
+    pub fn resolve(self) -> Expansion {
+        match self {
+            Expansion::Auto if std::path::Path::new("/sys/module/nbd").exists() => {
+                Expansion::Online
+            }
+            Expansion::Auto => Expansion::Offline,
+            chosen => chosen,
+        }
+    }
+}
+
 /// What the node service needs to know about its machine.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -56,6 +86,8 @@ pub struct NodeConfig {
 #[derive(Debug, Clone)]
 pub struct Driver {
     pub mode: Mode,
+    /// Online or offline (never `Auto`: resolved at start).
+    pub expansion: Expansion,
     pub api: api::Api,
     pub node: Option<NodeConfig>,
 }

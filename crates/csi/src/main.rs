@@ -10,7 +10,7 @@ use trireme_csi::api::{parse_addresses, Api};
 use trireme_csi::csi::controller_server::ControllerServer;
 use trireme_csi::csi::identity_server::IdentityServer;
 use trireme_csi::csi::node_server::NodeServer;
-use trireme_csi::{Driver, Mode, NodeConfig};
+use trireme_csi::{Driver, Expansion, Mode, NodeConfig};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -37,6 +37,18 @@ struct Args {
     /// takes its place for that RPC).
     #[arg(long, env = "TRIREME_TOKEN_FILE")]
     token_file: Option<PathBuf>,
+    /// Whether volumes in use may grow (Identity's volume-expansion
+    /// capability). `auto`: online if this host has the kernel `nbd`
+    /// module, else offline. The controller's answer is what csi-resizer
+    /// follows: give `offline` there if any node lacks the module (an
+    /// nbdfuse device cannot grow while staged).
+    #[arg(
+        long,
+        env = "TRIREME_CSI_EXPANSION",
+        value_enum,
+        default_value = "auto"
+    )]
+    expansion: Expansion,
     /// Unused since the node daemon makes the block devices (it uses its
     /// own NBD socket); accepted so that manifests that still pass it
     /// start.
@@ -95,8 +107,11 @@ async fn main() -> Result<()> {
     } else {
         None
     };
+    let expansion = args.expansion.resolve();
+    tracing::info!(chosen = ?args.expansion, ?expansion, "volume expansion");
     let driver = Driver {
         mode: args.mode,
+        expansion,
         api: Api::new(bases, token),
         node,
     };

@@ -259,13 +259,15 @@ async fn wait_for_growth(
 }
 
 /// Grows the file system at `volume_path` to its device, online. A kernel
-/// `nbd` device grows in place when its volume grows (the node daemon
-/// gives it the new size once it serves it); nbdfuse's file, and the loop
-/// device over it, keep the size nbdfuse learnt when it connected, so there
-/// the device has the new size only after the volume is staged again (the
-/// driver advertises offline expansion). A device still smaller than the
-/// volume is refused, not "grown" to its old size: the caller would take
-/// the old size for the new one.
+/// `nbd` device grows in place when its volume grows (the volume's
+/// replication engine takes the new size once every copy in sync holds
+/// it, and the node daemon then gives the device the size it serves);
+/// nbdfuse's file, and the loop device over it, keep the size nbdfuse
+/// learnt when it connected, so there the device has the new size only
+/// after the volume is staged again (the driver advertises offline
+/// expansion on such hosts). A device still smaller than the volume is
+/// refused, not "grown" to its old size: the caller would take the old
+/// size for the new one.
 pub async fn expand(
     driver: &Driver,
     config: &NodeConfig,
@@ -299,8 +301,9 @@ pub async fn expand(
         let why = if kernel {
             format!(
                 "the node daemon grows a kernel nbd device once its NBD server serves the new \
-                 size, and it still serves the old one after {} s (a volume attached here is \
-                 served by its replication engine at the size it had when attached)",
+                 size, and it still serves the old one after {} s (the volume's replication \
+                 engine takes the new size once every replica in sync has grown its copy: see \
+                 `trireme volume show` for a replica that failed to grow)",
                 GROWN_WAIT.as_secs()
             )
         } else {
