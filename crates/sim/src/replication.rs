@@ -2417,9 +2417,13 @@ impl Sim {
                     // What the node does: its own copy, without the
                     // engine, while it is up to date and the lease holds.
                     let engine = &self.engines[&id];
+                    // Past the end of its own copy (an engine that started
+                    // at a size its node has not grown to yet), the node
+                    // asks the engine.
                     let local = engine.local_readable
                         && self.now < engine.primary.read_lease_until()
-                        && self.rng.gen_bool(0.4);
+                        && self.rng.gen_bool(0.4)
+                        && first + count <= self.nodes[&engine.node].store_blocks;
                     self.issue_read(id, first, count, local, false);
                 }
             }
@@ -2704,6 +2708,16 @@ impl Sim {
         let states = engine.primary.member_states();
         if states.iter().any(|(_, state, _)| state != "up-to-date") {
             return Some(format!("member states {states:?}"));
+        }
+        if let Some((node, n)) = self
+            .nodes
+            .iter()
+            .find(|(_, n)| n.diskful && n.store_blocks < self.blocks)
+        {
+            return Some(format!(
+                "node {node}'s agent has not grown its copy yet ({} blocks of {})",
+                n.store_blocks, self.blocks
+            ));
         }
         if engine.primary.size_bytes() != self.blocks * BLOCK {
             return Some(format!(

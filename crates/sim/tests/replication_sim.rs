@@ -23,10 +23,14 @@ const DEFAULT_SEEDS: u64 = 600;
 /// full, so that the only up-to-date copy held a block no resync could
 /// ever copy (a fault of the simulated disk, not of trireme); (802931) a
 /// joining replica that applied a write the primary's full pool failed
-/// was marked in sync holding it, while the primary held the old data.
+/// was marked in sync holding it, while the primary held the old data;
+/// (3000129) an engine attached after a grow, before one replica's node
+/// had grown its copy: that replica stayed in the set with a small copy
+/// (the run counted it converged before its agent caught up, and a read
+/// of this node's own copy past its end would have failed).
 const FOUND_SEEDS: &[u64] = &[
     105499, 112083, 113575, 115878, 209760, 1011911, 728, 849, 2033, 3000058, 3000648, 3001260,
-    3001534, 802931, 1008685,
+    3001534, 802931, 1008685, 3000129,
 ];
 
 fn env_u64(name: &str) -> Option<u64> {

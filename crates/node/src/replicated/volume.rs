@@ -189,7 +189,11 @@ impl BlockTarget for ReplicatedVolume {
     fn read(&self, offset: u64, buffer: &mut [u8]) -> Result<(), TargetError> {
         let engine = self.engine();
         if engine.reads_locally() {
-            if let Some(local) = &engine.local {
+            // Past the end of this node's copy (an engine that started at
+            // a size this node's agent has not grown its copy to yet) the
+            // engine reads a copy that holds it.
+            let end = offset + buffer.len() as u64;
+            if let Some(local) = engine.local.as_ref().filter(|l| end <= l.size_bytes()) {
                 match local.read(offset, buffer) {
                     Ok(()) => return Ok(()),
                     // A bad local block: the engine reads a peer and
@@ -324,7 +328,10 @@ impl BlockTarget for ReplicatedVolume {
     ) -> Result<Vec<BlockStatusExtent>, TargetError> {
         let engine = self.engine();
         if engine.reads_locally() {
-            if let Some(local) = &engine.local {
+            // Past the end of this node's copy (not grown yet): the
+            // answer below.
+            let end = offset.saturating_add(length);
+            if let Some(local) = engine.local.as_ref().filter(|l| end <= l.size_bytes()) {
                 return local.block_status(offset, length);
             }
         }
