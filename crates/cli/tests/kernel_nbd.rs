@@ -14,8 +14,10 @@
 //! state, gives the device the new size (NBD_CMD_RECONFIGURE) on its live
 //! connection, /sys/block/nbdN/size shows it, a read past the old end
 //! succeeds, and resize2fs grows the mounted ext4 (df shows it). The same
-//! for a second volume with xfs (xfs_growfs, then xfs_repair -n and the
-//! files' checksums).
+//! for a second volume with xfs, attached first as every CSI volume is,
+//! so that its replication engine takes the new size while it runs (the
+//! guest checks the engine's log line) before the device grows
+//! (xfs_growfs, then xfs_repair -n and the files' checksums).
 //! It checks that the writer did not fail (its I/O paused until
 //! the daemon reconnected the device, both times), that every file
 //! written before and during reads back from the device with its checksum

@@ -201,9 +201,13 @@ say "RELEASED $device"
 
 # The same for xfs: a second volume's device, an xfs on it (xfsprogs
 # refuses one under 300 MB), grown over the REST API while mounted, then
-# xfs_growfs on the mount.
+# xfs_growfs on the mount. This one is attached first, as every CSI
+# volume is: it is served through its replication engine, which takes
+# the new size while it runs.
 trireme --api "http://$api" volume create xfsvol --size 320M >/tmp/create.log 2>&1 ||
     fail "volume create xfsvol: $(cat /tmp/create.log)"
+trireme --api "http://$api" volume attach xfsvol --node guest >/tmp/attach.log 2>&1 ||
+    fail "volume attach xfsvol: $(cat /tmp/attach.log)"
 answer=$(request PUT /api/v1/volumes/xfsvol/device '{"node":"guest"}')
 device=$(echo "$answer" | field device)
 [ -b "$device" ] || fail "no device for xfsvol: $answer"
@@ -223,6 +227,8 @@ until [ "$(device_bytes)" -eq $new_bytes ]; do
     [ $i -lt 200 ] || fail "/sys/block/$nbd/size shows $(device_bytes) bytes 20 s after xfsvol grew to $new_bytes"
     sleep 0.1
 done
+grep -q "the engine serves the volume's new size" /data/node.log ||
+    fail "xfsvol's device grew, but not through its engine"
 xfs_kib() { df -k /xfs | awk 'NR == 2 { print $2 }'; }
 df_before=$(xfs_kib)
 xfs_growfs /xfs >/tmp/growfs.log 2>&1 || fail "xfs_growfs: $(tail -n 5 /tmp/growfs.log)"
