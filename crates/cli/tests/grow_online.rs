@@ -4,10 +4,10 @@
 //! API; without a detach, a new NBD connection (nbdinfo) shows the new
 //! size, qemu-io writes and reads past the old end, and `volume verify`
 //! finds the three copies equal over the whole grown volume. Then a grow
-//! while one replica's node is down: the volume serves the new size at
-//! once, the node comes back, resyncs (grown part included), and verify is
-//! clean again. A grow to a size over the largest volume is refused and
-//! the volume goes on at the size it had.
+//! of the idle volume while one replica's node is down: the volume serves
+//! the new size at once, the node comes back, resyncs (grown part
+//! included), and verify is clean again. A grow to a size over the
+//! largest volume is refused and the volume goes on at the size it had.
 
 mod common;
 
@@ -131,10 +131,9 @@ fn an_attached_volume_grows_while_fio_writes_and_while_a_replica_is_down() {
     assert_eq!(shown["size_bytes"], grown, "{shown:#}");
     verify_clean(&nodes[0], "gv", grown);
 
-    // A replica's node is down: the others grow, and so does the engine.
+    // A replica's node is down, the volume idle: the engine outdates it
+    // (no write has yet) and grows onto the two others' copies.
     nodes[2].stop();
-    // A write the stopped node misses: it is outdated.
-    qemu_io_all(&uri, &["write -P 0x63 1M 1M", "flush"]);
     let larger = 56 * MIB;
     let (status, body) = grow(&nodes[0], "gv", larger);
     assert_eq!(status, 200, "grow with n3 down: {body}");
@@ -142,6 +141,7 @@ fn an_attached_volume_grows_while_fio_writes_and_while_a_replica_is_down() {
     qemu_io_all(
         &uri,
         &[
+            "write -P 0x63 1M 1M",
             &format!("write -P 0x64 {} 2M", grown - MIB),
             "flush",
             &format!("read -P 0x64 {} 2M", grown - MIB),

@@ -31,6 +31,24 @@ impl Primary {
                     || matches!(member.sync, Sync::InSync))
         });
         if waiting_for_member {
+            // One that is down would hold the grow until a write missed it
+            // (then it is outdated anyway): outdate it now, as that write
+            // would, so an idle volume grows too.
+            let down: Vec<NodeId> = self
+                .members
+                .iter()
+                .filter(|(node, member)| {
+                    member.kind == Kind::Diskful
+                        && self.view.growing.contains(node)
+                        && matches!(member.sync, Sync::InSync)
+                        && member.link == Link::Down
+                        && member.outdating.is_none()
+                })
+                .map(|(&node, _)| node)
+                .collect();
+            for node in down {
+                self.start_outdating(node);
+            }
             return;
         }
         let straddling = self.size_bytes / REGION_BYTES;
