@@ -102,6 +102,15 @@
 //!   copy (the data is gone; a client write replaces it) and scrubs the
 //!   volume block by block every 10 s (read failover repairs blocks bad on
 //!   one copy), since no protocol can copy a block bad everywhere.
+//! - **Grows**: on half of the seeds the operator grows the volume at
+//!   random points (`Command::GrowVolume`, applied by the arbiter; disks
+//!   and the model have [`GROW_ROOM_BYTES`] of room). Each node's agent
+//!   grows its copy after a seeded delay (later while the node is down,
+//!   stopped or cut off) and reports it ready at its size after another,
+//!   so a report can reach the control plane after a later grow (which
+//!   must then keep the replica pending). A replica refuses what lies past
+//!   its copy's end, as a store does. Client requests stay inside the size
+//!   the engine they go to serves.
 //!
 //! # What is checked
 //!
@@ -145,6 +154,11 @@
 //!    replicas**: in a run whose only fault is the primary's process
 //!    stopped for a while ([`ReplicationSimConfig::only_pauses`]), no
 //!    replica is ever outdated and no client request fails.
+//! 8. **A grow reaches only copies that hold it**: a running engine sends
+//!    no replica a write, read or fingerprint request past the end of its
+//!    copy, beyond the size the engine started with; after convergence
+//!    every copy is grown, the engine serves the recorded size, and no
+//!    copy holds data past it.
 //!
 //! Besides, the current engine must never stop except when detached, the
 //! engine's own assertions must hold (a panic fails the seed), and the
