@@ -123,6 +123,22 @@ fn view(in_sync: &[u64]) -> View {
 }
 
 impl World {
+    /// Runs a verify of the volume to its end (or 200 ticks) and returns
+    /// its report.
+    fn verify(&mut self) -> VerifyReport {
+        self.primary.start_verify(self.now).unwrap();
+        self.run();
+        for _ in 0..200 {
+            if self.primary.verify_report().unwrap().state != VerifyState::Running {
+                break;
+            }
+            self.now += 100;
+            self.primary.tick(self.now);
+            self.run();
+        }
+        self.primary.verify_report().unwrap().clone()
+    }
+
     fn new(in_sync: &[u64]) -> World {
         World::with_down(in_sync, &[])
     }
@@ -452,17 +468,7 @@ fn verify_repairs_the_minority_and_reports_what_it_changed() {
         .bad_blocks
         .insert((5 << 20) / 4096);
     world.replicas.get_mut(&NodeId(1)).unwrap().data[(7 << 20) + 1] = 0x77;
-    world.primary.start_verify(world.now).unwrap();
-    world.run();
-    for _ in 0..200 {
-        if world.primary.verify_report().unwrap().state != VerifyState::Running {
-            break;
-        }
-        world.now += 100;
-        world.primary.tick(world.now);
-        world.run();
-    }
-    let report = world.primary.verify_report().unwrap().clone();
+    let report = world.verify();
     assert_eq!(report.state, VerifyState::Done, "{report:?}");
     assert_eq!(report.checked_bytes, SIZE);
     assert_eq!(report.differing_blocks, 3, "{report:?}");
@@ -488,17 +494,7 @@ fn verify_without_a_majority_keeps_the_primary_copy_and_says_so() {
     world.run();
     world.write(1, 0, 0x11);
     world.replicas.get_mut(&NodeId(2)).unwrap().data[10] = 0x55;
-    world.primary.start_verify(world.now).unwrap();
-    world.run();
-    for _ in 0..200 {
-        if world.primary.verify_report().unwrap().state != VerifyState::Running {
-            break;
-        }
-        world.now += 100;
-        world.primary.tick(world.now);
-        world.run();
-    }
-    let report = world.primary.verify_report().unwrap().clone();
+    let report = world.verify();
     assert_eq!(report.state, VerifyState::Done, "{report:?}");
     assert_eq!((report.differing_blocks, report.no_majority_blocks), (1, 1));
     assert_eq!(world.replicas[&NodeId(2)].data[10], 0x11);
@@ -601,17 +597,7 @@ fn a_running_engine_grows_once_the_in_sync_copies_hold_the_new_size() {
         "{states:?}"
     );
     // A verify covers the grown volume.
-    world.primary.start_verify(world.now).unwrap();
-    world.run();
-    for _ in 0..200 {
-        if world.primary.verify_report().unwrap().state != VerifyState::Running {
-            break;
-        }
-        world.now += 100;
-        world.primary.tick(world.now);
-        world.run();
-    }
-    let report = world.primary.verify_report().unwrap().clone();
+    let report = world.verify();
     assert_eq!(report.state, VerifyState::Done, "{report:?}");
     assert_eq!((report.checked_bytes, report.differing_blocks), (grown, 0));
 }
