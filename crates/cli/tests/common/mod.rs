@@ -131,8 +131,15 @@ impl TempDir {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .subsec_nanos();
-        let path = base.join(format!("{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&path).unwrap();
+        // Tests of one binary run in parallel threads of one process: the
+        // clock alone gave two of them the same directory (and one node's
+        // lock to the other). A counter makes each name unique, and
+        // `create_dir` refuses one that exists.
+        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = base.join(format!("{tag}-{}-{made}-{nanos}", std::process::id()));
+        std::fs::create_dir(&path)
+            .unwrap_or_else(|error| panic!("cannot make {}: {error}", path.display()));
         TempDir { path }
     }
     pub fn path(&self) -> &Path {
