@@ -132,11 +132,19 @@ impl World {
             if self.primary.verify_report().unwrap().state != VerifyState::Running {
                 break;
             }
+            self.ticks(1);
+        }
+        self.primary.verify_report().unwrap().clone()
+    }
+
+    /// `count` ticks of the engine, 100 ms apart, each followed by
+    /// everything it sends.
+    fn ticks(&mut self, count: u32) {
+        for _ in 0..count {
             self.now += 100;
             self.primary.tick(self.now);
             self.run();
         }
-        self.primary.verify_report().unwrap().clone()
     }
 
     fn new(in_sync: &[u64]) -> World {
@@ -299,11 +307,7 @@ fn a_lost_replica_is_outdated_and_resynced_with_its_dirty_regions_only() {
     world.replicas.get_mut(&NodeId(3)).unwrap().up = true;
     world.primary.link_up(NodeId(3), 0);
     world.run();
-    for _ in 0..10 {
-        world.now += 100;
-        world.primary.tick(world.now);
-        world.run();
-    }
+    world.ticks(10);
     assert_eq!(world.replicas[&NodeId(3)].data[3 << 20], 9);
     // One region, and of it only the block that holds data.
     assert_eq!(world.primary.counters.resynced_bytes, 4096);
@@ -318,11 +322,7 @@ fn a_lost_replica_is_outdated_and_resynced_with_its_dirty_regions_only() {
 fn a_new_replica_gets_a_full_sync() {
     let mut world = World::new(&[1, 2]);
     world.write(1, 0, 5);
-    for _ in 0..10 {
-        world.now += 100;
-        world.primary.tick(world.now);
-        world.run();
-    }
+    world.ticks(10);
     assert_eq!(world.replicas[&NodeId(3)].data[0], 5);
     // It joined before the write, when nothing was written: a thin volume
     // copies only what was written, here nothing (holes go as trims).
@@ -351,11 +351,7 @@ fn a_resync_keeps_holes_as_holes() {
     world.replicas.get_mut(&NodeId(3)).unwrap().up = true;
     world.primary.link_up(NodeId(3), 0);
     world.run();
-    for _ in 0..10 {
-        world.now += 100;
-        world.primary.tick(world.now);
-        world.run();
-    }
+    world.ticks(10);
     let states = world.primary.member_states();
     assert!(
         states.iter().all(|(_, state, _)| state == "up-to-date"),
@@ -560,11 +556,7 @@ fn a_running_engine_grows_once_the_in_sync_copies_hold_the_new_size() {
     world.replicas.get_mut(&NodeId(3)).unwrap().up = true;
     world.primary.link_up(NodeId(3), world.now);
     world.run();
-    for _ in 0..10 {
-        world.now += 100;
-        world.primary.tick(world.now);
-        world.run();
-    }
+    world.ticks(10);
     assert_eq!(world.replicas[&NodeId(3)].data.len() as u64, SIZE);
     let states = world.primary.member_states();
     assert!(
@@ -577,11 +569,7 @@ fn a_running_engine_grows_once_the_in_sync_copies_hold_the_new_size() {
     world.run();
     world.primary.link_up(NodeId(3), world.now);
     world.run();
-    for _ in 0..20 {
-        world.now += 100;
-        world.primary.tick(world.now);
-        world.run();
-    }
+    world.ticks(20);
     let data = &world.replicas[&NodeId(3)].data;
     assert_eq!(
         (
