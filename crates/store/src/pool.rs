@@ -839,23 +839,25 @@ impl Pool {
                 tracing::warn!(pool = %self.record.name, %error, "finishing the background work failed");
             }
         }
-        let threads: Vec<_> = self
+        let mut threads: Vec<_> = self
             .threads
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .drain(..)
             .collect();
+        // The write-back thread is the last (see `open`): it is stopped
+        // once nothing can hand it more, and ends when it has started what
+        // it was given.
+        let writeback = threads.pop();
         // The applier first: it finishes only once the journal writer has
-        // written and it has applied every record. The write-back thread
-        // last (see `open`): it ends once it has started what it was given.
-        let count = threads.len();
-        for (index, handle) in threads.into_iter().enumerate() {
-            if index + 1 == count {
-                self.engine.writeback.stop();
-            }
+        // written and it has applied every record.
+        for handle in threads {
             let _ = handle.join();
         }
         self.engine.writeback.stop();
+        if let Some(handle) = writeback {
+            let _ = handle.join();
+        }
         match self.engine.lock().failed.clone() {
             Some(reason) => Err(StoreError::Fatal(reason)),
             None => Ok(()),

@@ -15,7 +15,7 @@
 //! for one slice, not a pass. Nothing here is about durability: a flush's
 //! `fdatasync` writes every dirty page whatever this thread has done.
 
-use super::{Background, Engine};
+use super::Engine;
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
@@ -119,7 +119,7 @@ impl Engine {
         let slices = slices(extents);
         let queue = &self.writeback;
         let mut inner = queue.lock();
-        if !inner.thread || inner.stop || self.background == Background::Inline {
+        if !inner.thread || inner.stop {
             drop(inner);
             for slice in slices {
                 self.write_back(slice)?;
