@@ -377,7 +377,12 @@ pub(crate) fn start(start: EngineStart) -> Result<Arc<EngineHandle>, crate::Node
         clock,
         stopped: stopped.clone(),
     });
-    tasks::spawn_view_watch(start.control, record.name.clone(), Arc::downgrade(&core));
+    tasks::spawn_view_watch(
+        start.control,
+        record.clone(),
+        start.resync_rate,
+        Arc::downgrade(&core),
+    );
     if resync_only {
         tracing::info!(volume = %record.name, generation = %record.generation, "resync engine starting: the volume is detached and a replica is behind");
     } else {

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use tokio::sync::mpsc;
+use trireme_control::VolumeRecord;
 use trireme_replication::DirtyMap;
 use trireme_types::{NodeId, VolumeName};
 
@@ -62,21 +63,23 @@ pub(super) fn spawn_persister(
 }
 
 /// Sends the volume's record to the engine whenever it changes, and the
-/// cluster's resync rate.
+/// cluster's resync rate. It compares against what the engine was started
+/// with (`started`, `started_rate`), not against the state when this task
+/// first runs: a change committed between the engine's start and then
+/// (a new replica reported ready, say) would otherwise never reach the
+/// engine, which would wait for it until something else changed.
 pub(super) fn spawn_view_watch(
     control: Arc<dyn ControlPort>,
-    volume: VolumeName,
+    started: VolumeRecord,
+    started_rate: u64,
     core: Weak<Core>,
 ) {
     tokio::spawn(async move {
+        let volume = started.name.clone();
         let mut changes = control.state().subscribe();
-        let (mut last, mut last_rate) = {
-            let state = control.state().read();
-            (
-                state.volumes.get(&volume).cloned(),
-                state.settings.resync_rate_bytes_per_sec,
-            )
-        };
+        // Whatever changed before the subscription is caught up with now.
+        changes.mark_changed();
+        let (mut last, mut last_rate) = (Some(started), started_rate);
         loop {
             if changes.changed().await.is_err() {
                 return;
