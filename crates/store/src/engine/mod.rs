@@ -12,6 +12,7 @@
 //! (journal writes, reads of data) happens outside the lock.
 
 mod active;
+mod admission_queue;
 mod apply;
 mod journal_writer;
 mod read;
@@ -228,6 +229,9 @@ pub struct State {
     pub write_path: WritePathStats,
     /// Where writers and the applier waited (for metrics).
     pub stalls: StallStats,
+    /// Writes waiting for journal space or the unapplied-data budget, in
+    /// the order they are admitted.
+    pub admission: admission_queue::AdmissionQueue,
     /// Generation of the last active-set slot written.
     pub active_set_generation: u64,
     /// The sets of the last two slots written (and the one replay used):
@@ -282,6 +286,7 @@ impl State {
             direct_writes: 0,
             write_path: WritePathStats::default(),
             stalls: StallStats::default(),
+            admission: Default::default(),
             active_set_generation: 0,
             recent_active_sets: Default::default(),
             checkpoint_epoch: 0,
@@ -547,5 +552,7 @@ impl Engine {
     }
 }
 
+#[cfg(test)]
+mod admission_tests;
 #[cfg(test)]
 mod write_now_tests;

@@ -5,6 +5,7 @@
 //! record written before it started).
 
 use super::active::Journaled;
+use super::admission_queue::Needs;
 use super::stalls::AdmissionWait;
 use super::{bug, Background, Engine, State};
 use crate::journal::{
@@ -24,6 +25,15 @@ enum Admission {
     /// record to the journal itself (see [`Engine::write_now`]).
     AdmittedToWrite(Arc<Record>),
     WouldWait(RecordBody),
+}
+
+/// What a waiting write asks of the applier.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// A checkpoint: the journal (or the free chunks) must come back.
+    Checkpoint,
+    /// An apply pass: data waits to be applied.
+    Apply,
 }
 
 /// What admission does with a record that must wait for room, and who
@@ -383,8 +393,14 @@ impl Engine {
         let mut state = self.lock();
         // The first reason this write waited, and since when.
         let mut waited: Option<(AdmissionWait, Instant)> = None;
+        // This write's place among those waiting for journal space or the
+        // unapplied-data budget (`admission_queue`), once it has waited.
+        let mut ticket: Option<u64> = None;
         let (redirect, direct, journal_bytes, reserve) = loop {
-            state.check_usable()?;
+            if let Err(error) = state.check_usable() {
+                self.leave_admission_queue(&mut state, ticket);
+                return Err(error);
+            }
             // Whole chunks go to fresh chunks when there are enough; in a
             // full pool they overwrite in place through the journal instead,
             // which needs no new space.
@@ -394,9 +410,15 @@ impl Engine {
                 state.checkpoint_wanted = true;
                 self.applier_wake.notify_all();
             }
-            let volume_state = state.live_volume(volume)?;
-            let size = volume_state.record.size_bytes;
+            let size = match state.live_volume(volume) {
+                Ok(volume_state) => volume_state.record.size_bytes,
+                Err(error) => {
+                    self.leave_admission_queue(&mut state, ticket);
+                    return Err(error);
+                }
+            };
             if (first_block + block_count) * BLOCK_BYTES > size {
+                self.leave_admission_queue(&mut state, ticket);
                 return Err(TargetError::Invalid(format!(
                     "range {}+{} is past the end of the volume ({size} bytes)",
                     first_block * BLOCK_BYTES,
@@ -425,12 +447,25 @@ impl Engine {
             } else {
                 0
             };
-            let journal_full = state.head + pad + journal_bytes - state.tail > journal_size;
-            let memory_full = state.unapplied_bytes > 0
-                && state.unapplied_bytes + data_bytes > super::UNAPPLIED_BYTES_MAX;
+            // Room held for the writes that waited before this one
+            // (`admission_queue`): none of them is overtaken.
+            let ahead = state.admission.ahead(ticket);
+            let journal_full =
+                state.head + pad + ahead.journal_bytes + journal_bytes - state.tail > journal_size;
+            let unapplied = state.unapplied_bytes + ahead.data_bytes;
+            let memory_full = unapplied > 0 && unapplied + data_bytes > super::UNAPPLIED_BYTES_MAX;
             if journal_full || memory_full {
+                // Only a full journal needs a checkpoint (it frees the
+                // ring); data waiting to be applied needs only the applier.
+                // Asking for a checkpoint each time made one per apply pass
+                // (over 100 a second in J4), each a device flush.
+                let wake = if journal_full {
+                    Wake::Checkpoint
+                } else {
+                    Wake::Apply
+                };
                 if admit == Admit::NoWait {
-                    self.wake_applier(&mut state);
+                    self.ask_applier(&mut state, wake);
                     return Ok(Admission::WouldWait(body));
                 }
                 waited.get_or_insert_with(|| {
@@ -441,8 +476,19 @@ impl Engine {
                     };
                     (reason, Instant::now())
                 });
-                state = self.wait_for_applier(state);
+                if ticket.is_none() {
+                    ticket = Some(state.admission.take(Needs {
+                        data_bytes,
+                        journal_bytes,
+                    }));
+                }
+                state = self.wait_for_applier(state, wake);
                 continue;
+            }
+            // Through. (The wait for chunks below keeps no order: a trim
+            // behind this write may be what frees them.)
+            if let Some(ticket) = ticket.take() {
+                state.admission.leave(ticket);
             }
             let needed = match body {
                 RecordBody::Write { .. } if redirect => block_count / BLOCKS_PER_CHUNK,
@@ -460,7 +506,7 @@ impl Engine {
                         return Ok(Admission::WouldWait(body));
                     }
                     waited.get_or_insert_with(|| (AdmissionWait::Chunks, Instant::now()));
-                    state = self.wait_for_applier(state);
+                    state = self.wait_for_applier(state, Wake::Checkpoint);
                     continue;
                 }
                 return Err(TargetError::NoSpace {
@@ -568,7 +614,20 @@ impl Engine {
         Ok(Admission::Admitted(sequence))
     }
 
-    fn wait_for_applier<'a>(&'a self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+    /// The write holding `ticket` gives up: the room held for it is free
+    /// again, and the writes behind it look again.
+    fn leave_admission_queue(&self, state: &mut State, ticket: Option<u64>) {
+        if let Some(ticket) = ticket {
+            state.admission.leave(ticket);
+            self.changed.notify_all();
+        }
+    }
+
+    fn wait_for_applier<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        wake: Wake,
+    ) -> MutexGuard<'a, State> {
         if self.background == Background::Inline {
             drop(state);
             if let Err(error) = self.run_background_inline() {
@@ -576,8 +635,15 @@ impl Engine {
             }
             return self.lock();
         }
-        self.wake_applier(&mut state);
+        self.ask_applier(&mut state, wake);
         self.wait(state)
+    }
+
+    fn ask_applier(&self, state: &mut State, wake: Wake) {
+        match wake {
+            Wake::Checkpoint => self.wake_applier(state),
+            Wake::Apply => self.applier_wake.notify_all(),
+        }
     }
 
     /// Makes every write completed before this call durable.
