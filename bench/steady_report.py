@@ -61,8 +61,11 @@ def step(argv):
                 f = [x.strip() for x in line.split(",")]
                 if len(f) < 2:
                     continue
-                # A sample at t ms averages the window ending at t.
-                w = (offset_ms + int(f[0]) - 1) // 10000
+                # A sample at t ms averages the window ending at t; the
+                # jobs of one fio run log a millisecond or so apart
+                # (9999, 10000, 20001), so t is rounded to the window's
+                # end, or a job's sample fell into the next window.
+                w = (offset_ms + int(f[0]) + 5000) // 10000 - 1
                 windows[w] = windows.get(w, 0) + int(f[1])
         offset_ms += runtime_ms
     curve = [windows[w] for w in sorted(windows)]
