@@ -67,9 +67,11 @@ pub trait Disk: Send + Sync {
     /// (`sync_file_range(WRITE)`). Makes nothing durable.
     fn start_writeback(&self, from: u64, to: u64) -> io::Result<()>;
 
-    /// Waits until the write-back of `[from, to)` is done
-    /// (`sync_file_range(WAIT_BEFORE | WRITE | WAIT_AFTER)`). Makes nothing
-    /// durable either: it bounds the dirty data, not the crash loss.
+    /// Waits until the write-back already started in `[from, to)` is done
+    /// (`sync_file_range(WAIT_BEFORE)`), starting none: dirty pages in the
+    /// range that nobody started yet (direct writes not applied yet) are
+    /// left to their own pass. Makes nothing durable either: it bounds the
+    /// dirty data, not the crash loss.
     fn wait_writeback(&self, from: u64, to: u64) -> io::Result<()>;
 }
 
@@ -162,14 +164,7 @@ impl Disk for FileDisk {
     }
 
     fn wait_writeback(&self, from: u64, to: u64) -> io::Result<()> {
-        sync_range(
-            &self.file,
-            from,
-            to,
-            libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                | libc::SYNC_FILE_RANGE_WRITE
-                | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-        )
+        sync_range(&self.file, from, to, libc::SYNC_FILE_RANGE_WAIT_BEFORE)
     }
 }
 

@@ -85,7 +85,7 @@ pub struct JournalStats {
     pub journal_used_bytes: u64,
     /// Records acknowledged and not yet applied in place.
     pub unapplied_records: u64,
-    /// Their data, held in memory (writers wait at `UNAPPLIED_BYTES_MAX`).
+    /// Their data, held in memory (writers wait at `HELD_BYTES_MAX`).
     pub unapplied_bytes: u64,
     /// Chunk-map entries changed since the last checkpoint.
     pub dirty_map_entries: u64,

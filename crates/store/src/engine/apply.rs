@@ -441,9 +441,13 @@ impl Engine {
         // leave the overlay and give their memory back now, before the
         // write-back is started. Starting it blocks while the device's
         // queue is full (or the kernel throttles write-back for reads), for
-        // tens of milliseconds under load: writers waiting at the
-        // unapplied-data limit must not wait for that too.
+        // tens of milliseconds under load. The in-place bytes stay held
+        // (`unstarted_bytes`) until the write-back thread starts them, and
+        // it gives them back slice by slice: writers waiting for room get
+        // it as the device takes the data, not a pass at a time.
+        let extents = self.pass_extents(&copies, &writes, &batch);
         let mut state = self.lock();
+        state.unstarted_bytes += extents.iter().map(|(_, length)| length).sum::<u64>();
         // The copies are written: reads may go to the private chunks now,
         // and so may later passes' in-place writes to the shared ones.
         state.copying.clear();
@@ -463,7 +467,7 @@ impl Engine {
         state.validate(self.layout.journal_bytes);
         self.changed.notify_all();
         drop(state);
-        if let Err(error) = self.start_pass_writeback(&copies, &writes, &batch) {
+        if let Err(error) = self.start_writeback(extents) {
             let reason = format!("writing applied data back failed: {error}");
             let mut state = self.lock();
             self.fail(&mut state, reason.clone());
@@ -715,15 +719,15 @@ impl Engine {
         Ok(())
     }
 
-    /// Starts the write-back of a pass's in-place data: copies, writes,
-    /// and the data direct writes of `batch` put in place through the page
-    /// cache before their records (`writeback`).
-    fn start_pass_writeback(
+    /// A pass's in-place data `(device offset, length)`, for write-back:
+    /// copies, writes, and the data direct writes of `batch` put in place
+    /// through the page cache before their records (`writeback`).
+    fn pass_extents(
         &self,
         copies: &[CopyBlocks],
         writes: &[InPlace],
         batch: &[Arc<Record>],
-    ) -> std::io::Result<()> {
+    ) -> Vec<(u64, u64)> {
         let mut extents = Vec::with_capacity(copies.len() + writes.len() + batch.len());
         for copy in copies {
             extents.push((
@@ -741,7 +745,7 @@ impl Engine {
                 }
             }
         }
-        self.start_writeback(extents)
+        extents
     }
 
     fn copy_blocks(&self, copy: &CopyBlocks) -> std::io::Result<()> {

@@ -60,9 +60,14 @@ pub enum Background {
     Inline,
 }
 
-/// Data of records not yet applied in place, held in memory for reads and
-/// for the applier. Writers wait when it is reached.
-pub const UNAPPLIED_BYTES_MAX: u64 = 64 << 20;
+/// Data held back from the device: records not yet applied (their data in
+/// memory, for reads and for the applier) and in-place data applied whose
+/// write-back is not started yet. Writers wait when it is reached. Counting
+/// the second part here, not only in the write-back queue, lets the
+/// write-back thread give room back slice by slice as the device takes the
+/// data, rather than the applier a whole pass at a time after blocking on a
+/// full queue (docs/store-format.md, *Bounded write-back*).
+pub const HELD_BYTES_MAX: u64 = 80 << 20;
 
 /// One snapshot of a volume: its epoch, and the entries that the volume's
 /// map no longer holds but that it (and no newer snapshot) reads.
@@ -182,6 +187,9 @@ pub struct State {
     /// Records after `applied_sequence`, in sequence order.
     pub unapplied: VecDeque<Arc<Record>>,
     pub unapplied_bytes: u64,
+    /// In-place data applied and handed to the write-back thread, not yet
+    /// started towards the device: still held against `HELD_BYTES_MAX`.
+    pub unstarted_bytes: u64,
     pub volumes: BTreeMap<VolumeId, VolumeState>,
     pub allocator: Allocator,
     /// Chunks promised to unapplied records; never more than free.
@@ -270,6 +278,7 @@ impl State {
             writing: false,
             unapplied: VecDeque::new(),
             unapplied_bytes: 0,
+            unstarted_bytes: 0,
             volumes: BTreeMap::new(),
             allocator: Allocator::new(layout.chunk_count),
             reserved_chunks: 0,

@@ -13,7 +13,8 @@ use std::time::Duration;
 pub enum AdmissionWait {
     /// The journal ring had no room until a checkpoint freed some.
     JournalFull,
-    /// `UNAPPLIED_BYTES_MAX` of acknowledged data waited to be applied.
+    /// `HELD_BYTES_MAX` of acknowledged data waited to be applied or to
+    /// have its write-back started (the label keeps its first name).
     UnappliedBytes,
     /// Not enough free chunks until pending trims or frees came back.
     Chunks,

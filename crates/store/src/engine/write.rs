@@ -452,11 +452,12 @@ impl Engine {
             let ahead = state.admission.ahead(ticket);
             let journal_full =
                 state.head + pad + ahead.journal_bytes + journal_bytes - state.tail > journal_size;
-            let unapplied = state.unapplied_bytes + ahead.data_bytes;
-            let memory_full = unapplied > 0 && unapplied + data_bytes > super::UNAPPLIED_BYTES_MAX;
+            let held = state.unapplied_bytes + state.unstarted_bytes + ahead.data_bytes;
+            let memory_full = held > 0 && held + data_bytes > super::HELD_BYTES_MAX;
             if journal_full || memory_full {
                 // Only a full journal needs a checkpoint (it frees the
-                // ring); data waiting to be applied needs only the applier.
+                // ring); held data needs only the applier and the
+                // write-back thread, which gives room back as it starts.
                 // Asking for a checkpoint each time made one per apply pass
                 // (over 100 a second in J4), each a device flush.
                 let wake = if journal_full {
