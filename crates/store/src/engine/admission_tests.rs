@@ -17,10 +17,9 @@ fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn a_newcomer_does_not_take_the_room_held_for_a_waiting_write() {
-    let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::create(PoolConfig {
+/// A 64 MiB pool with its background threads, in `dir`.
+fn test_pool(dir: &tempfile::TempDir) -> std::sync::Arc<Pool> {
+    Pool::create(PoolConfig {
         name: PoolName::new("test").unwrap(),
         id: PoolId(1),
         class: DeviceClass::Ssd,
@@ -30,7 +29,13 @@ fn a_newcomer_does_not_take_the_room_held_for_a_waiting_write() {
         preallocate: false,
         force: false,
     })
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn a_newcomer_does_not_take_the_room_held_for_a_waiting_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = test_pool(&dir);
     let name = VolumeName::new("v").unwrap();
     pool.create_volume(&name, 16 * MIB).unwrap();
     let volume = pool.open_volume(&name).unwrap();
@@ -80,17 +85,7 @@ fn a_newcomer_does_not_take_the_room_held_for_a_waiting_write() {
 #[test]
 fn room_held_by_applied_data_comes_back_once_its_write_back_starts() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::create(PoolConfig {
-        name: PoolName::new("test").unwrap(),
-        id: PoolId(1),
-        class: DeviceClass::Ssd,
-        device_path: dir.path().join("pool.img"),
-        metadata_path: dir.path().join("meta/metadata.redb"),
-        size_bytes: Some(64 * MIB),
-        preallocate: false,
-        force: false,
-    })
-    .unwrap();
+    let pool = test_pool(&dir);
     let name = VolumeName::new("v").unwrap();
     pool.create_volume(&name, 16 * MIB).unwrap();
     let volume = pool.open_volume(&name).unwrap();
