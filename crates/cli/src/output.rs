@@ -124,6 +124,7 @@ pub fn pool_detail(pool: &PoolResponse) {
         ("free", size_or_dash(pool.free_bytes)),
         ("provisioned", provisioned(pool)),
         ("on host", size_or_dash(pool.host_bytes)),
+        ("kept for overwrites", size_or_dash(pool.warm_bytes)),
         (
             "volumes",
             pool.volume_count

@@ -98,15 +98,35 @@ impl VolumeMap {
 /// device, and a sparse pool file grew to its full size on the host while
 /// holding a fraction of it). In free space, consecutive allocations are
 /// still consecutive chunks.
+///
+/// Except for *warm* chunks: free chunks whose space the pool file still
+/// holds, because an overwrite replaced them and nothing gave their space
+/// back (at most `WARM_CHUNKS_MAX`). They are handed out first, lowest
+/// first (a sequential stream still gets consecutive chunks, written with
+/// one system call per run; newest first gave them in descending order,
+/// one call each, and J5 of bench/steady.sh lost a quarter): a stream of whole-chunk overwrites then writes where the host
+/// file system has blocks already, instead of punching a hole at each
+/// checkpoint and filling it again (docs/store-format.md, *Giving space
+/// back*).
 #[derive(Debug, Clone)]
 pub struct Allocator {
+    /// Warm chunks kept at most: `WARM_CHUNKS_MAX`, or a sixteenth of
+    /// the chunks in a smaller pool.
+    warm_max: usize,
     used: Vec<u64>,
     chunk_count: u64,
     free_count: u64,
     /// No chunk below this is free: the search for the lowest free chunk
     /// starts here.
     lowest_free: u64,
+    /// Free chunks that still hold their space.
+    warm: std::collections::BTreeSet<u32>,
 }
+
+/// Warm chunks kept at most (256 MiB of 64 KiB chunks; a sixteenth of a
+/// smaller pool's): what a pool file may hold beyond its data because
+/// overwrites freed it.
+pub const WARM_CHUNKS_MAX: usize = 4096;
 
 impl Allocator {
     pub fn new(chunk_count: u64) -> Allocator {
@@ -115,7 +135,19 @@ impl Allocator {
             chunk_count,
             free_count: chunk_count,
             lowest_free: 0,
+            warm: std::collections::BTreeSet::new(),
+            warm_max: WARM_CHUNKS_MAX.min((chunk_count / 16) as usize),
         }
+    }
+
+    /// Free chunks that still hold their space (see the type).
+    pub fn warm_count(&self) -> usize {
+        self.warm.len()
+    }
+
+    /// How many more chunks may be freed warm.
+    pub fn warm_room(&self) -> usize {
+        self.warm_max - self.warm.len()
     }
 
     pub fn free_count(&self) -> u64 {
@@ -141,16 +173,24 @@ impl Allocator {
         if self.is_used(physical) {
             return false;
         }
+        self.warm.remove(&physical);
         let physical = physical as u64;
         self.used[(physical / 64) as usize] |= 1 << (physical % 64);
         self.free_count -= 1;
         true
     }
 
-    /// The lowest free chunk, now used.
+    /// The lowest warm chunk, or else the lowest free chunk, now used.
     pub fn allocate(&mut self) -> Option<u32> {
         if self.free_count == 0 {
             return None;
+        }
+        if let Some(physical) = self.warm.pop_first() {
+            assert!(!self.is_used(physical), "warm chunk {physical} is in use");
+            let physical = physical as u64;
+            self.used[(physical / 64) as usize] |= 1 << (physical % 64);
+            self.free_count -= 1;
+            return Some(physical as u32);
         }
         let first_word = (self.lowest_free / 64) as usize;
         for word_index in first_word..self.used.len() {
@@ -179,6 +219,19 @@ impl Allocator {
         self.used[(physical / 64) as usize] &= !(1 << (physical % 64));
         self.free_count += 1;
         self.lowest_free = self.lowest_free.min(physical);
+    }
+
+    /// Frees a chunk whose space the pool file still holds: it is handed
+    /// out again before any other. False (and nothing freed) when the
+    /// warm limit is reached: the caller gives its space back and frees
+    /// it as usual.
+    pub fn free_warm(&mut self, physical: u32) -> bool {
+        if self.warm.len() >= self.warm_max {
+            return false;
+        }
+        self.free(physical);
+        self.warm.insert(physical);
+        true
     }
 
     /// The free chunks as runs `(first, count)`, lowest first.
@@ -220,6 +273,29 @@ mod tests {
         };
         assert_eq!(ChunkEntry::unpack(entry.pack(), 7), entry);
         assert!(entry.block_written(0) && entry.block_written(15) && !entry.block_written(1));
+    }
+
+    #[test]
+    fn warm_chunks_are_handed_out_first_lowest_first_and_up_to_their_limit() {
+        let mut allocator = Allocator::new(WARM_CHUNKS_MAX as u64 * 16);
+        while allocator.allocate().is_some() {}
+        allocator.free(3);
+        assert!(allocator.free_warm(150));
+        assert!(allocator.free_warm(90));
+        assert_eq!(allocator.warm_count(), 2);
+        assert_eq!(allocator.free_count(), 3);
+        // Warm ones first, lowest first, though 3 is lower still.
+        assert_eq!(allocator.allocate(), Some(90));
+        assert_eq!(allocator.allocate(), Some(150));
+        assert_eq!(allocator.allocate(), Some(3));
+        assert_eq!(allocator.allocate(), None);
+        // At the limit a chunk is not freed: its space must be given back.
+        for physical in 0..WARM_CHUNKS_MAX as u32 {
+            assert!(allocator.free_warm(physical));
+        }
+        assert!(!allocator.free_warm(WARM_CHUNKS_MAX as u32));
+        assert!(allocator.is_used(WARM_CHUNKS_MAX as u32));
+        assert_eq!(allocator.free_count(), WARM_CHUNKS_MAX as u64);
     }
 
     #[test]

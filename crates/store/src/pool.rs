@@ -66,6 +66,11 @@ pub struct PoolInfo {
     /// freed chunks until the checkpoint that gives them back), a block
     /// device's whole size. `None` if it could not be measured.
     pub host_bytes: Option<u64>,
+    /// Bytes of free chunks whose space the pool file still holds, for the
+    /// overwrites that freed them to take again (*warm* chunks: at most
+    /// 256 MiB, or a sixteenth of a smaller pool; a block device's chunks
+    /// always hold theirs).
+    pub warm_bytes: u64,
     /// Sum of the sizes of all volumes; may exceed capacity (over-commit).
     pub provisioned_bytes: u64,
     pub volume_count: usize,
@@ -457,6 +462,7 @@ impl Pool {
             allocated_bytes: state.allocator.used_count() * CHUNK_BYTES,
             free_bytes: state.allocator.free_count() * CHUNK_BYTES,
             host_bytes: self.engine.disk.host_bytes().ok(),
+            warm_bytes: state.allocator.warm_count() as u64 * CHUNK_BYTES,
             provisioned_bytes,
             volume_count,
             journal_bytes: self.engine.layout.journal_bytes,

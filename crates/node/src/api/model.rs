@@ -91,6 +91,11 @@ pub struct PoolResponse {
     /// given back at the next checkpoint), a block device's whole size.
     #[serde(default)]
     pub host_bytes: Option<u64>,
+    /// Of those, bytes of free chunks the file keeps for the overwrites
+    /// that freed them to take again (at most 256 MiB, or a sixteenth of
+    /// a smaller pool; given back when the pool opens).
+    #[serde(default)]
+    pub warm_bytes: Option<u64>,
     /// Sum of the volume sizes; above `capacity_bytes` means over-committed.
     pub provisioned_bytes: Option<u64>,
     pub volume_count: Option<usize>,
@@ -119,6 +124,7 @@ impl From<PoolStatus> for PoolResponse {
             allocated_bytes: info.map(|info| info.allocated_bytes),
             free_bytes: info.map(|info| info.free_bytes),
             host_bytes: info.and_then(|info| info.host_bytes),
+            warm_bytes: info.map(|info| info.warm_bytes),
             provisioned_bytes: info.map(|info| info.provisioned_bytes),
             volume_count: info.map(|info| info.volume_count),
             journal_bytes: info.map(|info| info.journal_bytes),

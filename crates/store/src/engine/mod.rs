@@ -199,6 +199,11 @@ pub struct State {
     /// next checkpoint commits maps without them: a crash before it replays
     /// from maps that still point there, so they must keep their data.
     pub deferred_frees: Vec<u32>,
+    /// Those of them that a redirect replaced (an overwrite, not a trim or
+    /// a deletion): their space may stay in the pool file as warm chunks
+    /// ([`crate::chunk_map::Allocator`]), since the stream that freed them
+    /// is about to need as many.
+    pub replaced_frees: HashSet<u32>,
     /// Chunks filled by redirects applied since the last checkpoint: no
     /// in-place write may touch them before the next one.
     pub fresh_since_checkpoint: HashSet<u32>,
@@ -284,6 +289,7 @@ impl State {
             reserved_chunks: 0,
             checksums: ChecksumTable::new(CACHE_PAGES_MAX),
             deferred_frees: Vec::new(),
+            replaced_frees: HashSet::new(),
             fresh_since_checkpoint: HashSet::new(),
             copying: HashMap::new(),
             replayed_in_place: HashSet::new(),
