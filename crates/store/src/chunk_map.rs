@@ -104,10 +104,10 @@ impl VolumeMap {
 /// back (at most `WARM_CHUNKS_MAX`). They are handed out first, lowest
 /// first (a sequential stream still gets consecutive chunks, written with
 /// one system call per run; newest first gave them in descending order,
-/// one call each, and J5 of bench/steady.sh lost a quarter): a stream of whole-chunk overwrites then writes where the host
-/// file system has blocks already, instead of punching a hole at each
-/// checkpoint and filling it again (docs/store-format.md, *Giving space
-/// back*).
+/// one call each, and J5 of bench/steady.sh lost a quarter). A stream of
+/// whole-chunk overwrites then writes where the host file system has
+/// blocks already, instead of punching a hole at each checkpoint and
+/// filling it again (docs/store-format.md, *Giving space back*).
 #[derive(Debug, Clone)]
 pub struct Allocator {
     /// Warm chunks kept at most: `WARM_CHUNKS_MAX`, or a sixteenth of
@@ -174,10 +174,14 @@ impl Allocator {
             return false;
         }
         self.warm.remove(&physical);
+        self.set_used(physical);
+        true
+    }
+
+    fn set_used(&mut self, physical: u32) {
         let physical = physical as u64;
         self.used[(physical / 64) as usize] |= 1 << (physical % 64);
         self.free_count -= 1;
-        true
     }
 
     /// The lowest warm chunk, or else the lowest free chunk, now used.
@@ -187,10 +191,8 @@ impl Allocator {
         }
         if let Some(physical) = self.warm.pop_first() {
             assert!(!self.is_used(physical), "warm chunk {physical} is in use");
-            let physical = physical as u64;
-            self.used[(physical / 64) as usize] |= 1 << (physical % 64);
-            self.free_count -= 1;
-            return Some(physical as u32);
+            self.set_used(physical);
+            return Some(physical);
         }
         let first_word = (self.lowest_free / 64) as usize;
         for word_index in first_word..self.used.len() {
@@ -205,8 +207,7 @@ impl Allocator {
                 "free_count {} but the lowest free bit {physical} is past the last chunk",
                 self.free_count
             );
-            self.used[word_index] |= 1 << bit;
-            self.free_count -= 1;
+            self.set_used(physical as u32);
             self.lowest_free = physical + 1;
             return Some(physical as u32);
         }

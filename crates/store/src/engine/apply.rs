@@ -783,8 +783,7 @@ impl Engine {
             state.dirty_chunks.insert((record.volume, chunk));
             if let Some(old) = replaced {
                 assert_ne!(old.physical, *physical, "a fresh chunk was already mapped");
-                state.release_entry(record.volume, chunk, old);
-                if state.deferred_frees.last() == Some(&old.physical) {
+                if state.release_entry(record.volume, chunk, old) {
                     state.replaced_frees.insert(old.physical);
                 }
             }

@@ -331,8 +331,8 @@ impl State {
     }
 
     /// One map entry fewer points at `physical`; the last one gives the
-    /// chunk back after the next checkpoint.
-    pub fn drop_reference(&mut self, physical: u32) {
+    /// chunk back after the next checkpoint. True when it was the last.
+    pub fn drop_reference(&mut self, physical: u32) -> bool {
         match self.refcounts.get_mut(&physical) {
             Some(count) => {
                 *count -= 1;
@@ -340,15 +340,20 @@ impl State {
                     self.refcounts.remove(&physical);
                 }
                 self.dirty_refcounts.insert(physical);
+                false
             }
-            None => self.deferred_frees.push(physical),
+            None => {
+                self.deferred_frees.push(physical);
+                true
+            }
         }
     }
 
     /// A live entry leaves `volume`'s map at `chunk` (overwritten by a
     /// copy, redirected, trimmed, rolled back): the newest snapshot keeps
     /// it in its saved map if it reads it, otherwise its reference goes.
-    pub fn release_entry(&mut self, volume: VolumeId, chunk: u64, entry: ChunkEntry) {
+    /// True when that freed the chunk (after the next checkpoint).
+    pub fn release_entry(&mut self, volume: VolumeId, chunk: u64, entry: ChunkEntry) -> bool {
         let volume_state = self.volumes.get_mut(&volume).expect("live volume");
         match volume_state.snapshots.last_mut() {
             Some(newest) if entry.birth <= newest.record.epoch => {
@@ -359,6 +364,7 @@ impl State {
                 newest.saved.set(chunk, Some(entry));
                 let id = newest.id;
                 self.dirty_saved.insert((volume, id, chunk));
+                false
             }
             _ => self.drop_reference(entry.physical),
         }
