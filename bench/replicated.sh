@@ -23,6 +23,8 @@
 #        OUT      results file               (default bench/RESULTS.md; only the part between
 #                 <!-- replicated:begin --> and <!-- replicated:end --> is replaced)
 #        KEEP_SCRATCH=1 keeps the node data dirs, pools and raw images after the run
+#        TRIREME_BIN  the trireme binary to run (default target/release/trireme; with
+#                 --no-build, to compare two builds back to back)
 # Targets (issue "Replication"): J2 IOPS >= 0.33 x qemu-nbd; J1 cycle latency
 # <= raw J1 (libaio direct=1, fsync=1) + 100 us; J3 IOPS >= 0.9 x qemu-nbd.
 # raw3 (J1 only) is the device floor of a replicated J1 here: three fio jobs at
@@ -84,7 +86,7 @@ if [ $build = 1 ] && [[ " $TARGETS " == *" trireme "* ]]; then
     log "building trireme (release)"
     (cd "$repo" && cargo build --release -p trireme >&2)
 fi
-bin=$repo/target/release/trireme
+bin=${TRIREME_BIN:-$repo/target/release/trireme}
 case " $TARGETS " in *" trireme "*) [ -x "$bin" ] || die "$bin missing (build failed?)" ;; esac
 
 node_names=()

@@ -32,6 +32,8 @@
 #        SCRATCH    scratch dir (not tmpfs)               (default target/bench-scratch-steady)
 #        OUT        results file (default bench/RESULTS.md; only the part between
 #                   <!-- steady:begin --> and <!-- steady:end --> is replaced)
+#        TRIREME_BIN the trireme binary to run (default target/release/trireme;
+#                   with --no-build, to compare two builds back to back)
 # Each write job is time-based for WRITE_MIN seconds; when it has not written
 # VOLUMES x SIZE by then it continues (a second fio run, its latency bins and
 # IOPS curve joined to the first) until it has.
@@ -85,7 +87,7 @@ if [ $build = 1 ] && [ $uses_trireme = 1 ]; then
     log "building trireme (release)"
     (cd "$repo" && cargo build --release -p trireme >&2)
 fi
-bin=$repo/target/release/trireme
+bin=${TRIREME_BIN:-$repo/target/release/trireme}
 [ $uses_trireme = 0 ] || [ -x "$bin" ] || die "$bin missing (build failed?)"
 
 pids_to_kill=()
