@@ -57,6 +57,13 @@ impl Volume {
         self.engine.try_write(self.id, offset, data)
     }
 
+    /// A flush that needs no waiting: `Done` when every write completed
+    /// before it is durable already (an eager device flush got there
+    /// first), `WouldBlock` when [`BlockTarget::flush`] would have to wait.
+    pub fn try_flush(&self) -> Attempt<(), ()> {
+        self.engine.try_flush()
+    }
+
     /// While clients flush often, makes what is written durable now, on
     /// this thread, so that the flush that follows finds it done. Does
     /// nothing otherwise.

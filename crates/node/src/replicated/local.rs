@@ -179,6 +179,29 @@ impl LocalLink {
                     }),
                 }
             }
+            ToReplica::Flush { seq } => {
+                match self.receive(message.clone(), now) {
+                    Step::Store(_) => {}
+                    Step::Refuse(refusal) => return Ok((Some(refusal), true)),
+                    other => unreachable!("a flush is carried out or refused, not {other:?}"),
+                }
+                // An eager device flush (the journal writer's, while
+                // clients flush often) usually got there first: then the
+                // answer needs no trip to the worker and back.
+                match volume.try_flush() {
+                    Attempt::Done(result) => Ok((
+                        Some(FromReplica::Ack {
+                            seq,
+                            result: result.map_err(replica_error),
+                        }),
+                        false,
+                    )),
+                    Attempt::WouldBlock(()) => Err(Job {
+                        message,
+                        admitted: true,
+                    }),
+                }
+            }
             ToReplica::Read { id, offset, length } if length <= READ_INLINE_MAX_BYTES => {
                 if offset
                     .checked_add(length)

@@ -654,6 +654,23 @@ impl Engine {
         self.flush_to(target)
     }
 
+    /// [`Engine::flush`] if it needs no waiting (see `Volume::try_flush`).
+    /// It counts as a client's flush for `sync_eagerly` either way.
+    pub fn try_flush(&self) -> Attempt<(), ()> {
+        let mut state = self.lock();
+        state.last_flush_request = Some(std::time::Instant::now());
+        if let Some(reason) = &state.failed {
+            return Attempt::Done(Err(TargetError::Device(format!(
+                "pool is offline: {reason}"
+            ))));
+        }
+        if state.durable_sequence >= state.next_sequence - 1 {
+            Attempt::Done(Ok(()))
+        } else {
+            Attempt::WouldBlock(())
+        }
+    }
+
     /// Flushes, on the caller's thread, the records written and not yet
     /// durable, if clients flush often (see `sync_eagerly`) and no flush is
     /// running. A caller with nothing else to do (a replica's link with no

@@ -4,7 +4,7 @@
 use crate::{Pool, PoolConfig, Volume};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use trireme_types::{BlockTarget, DeviceClass, PoolId, PoolName, VolumeName};
+use trireme_types::{Attempt, BlockTarget, DeviceClass, PoolId, PoolName, VolumeName};
 
 const MIB: u64 = 1 << 20;
 
@@ -118,6 +118,36 @@ fn sync_ahead_flushes_only_while_clients_flush() {
     let state = volume.engine.lock();
     assert_eq!(state.durable_sequence, state.written_sequence);
     assert_eq!(state.written_sequence + 1, state.next_sequence);
+}
+
+#[test]
+fn try_flush_answers_at_once_only_when_everything_written_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(dir.path());
+    let volume = volume(&pool);
+    // The applier's checkpoints flush too: keep it out.
+    pool.pause_applier(true);
+    until_journal_idle(&volume);
+    volume.flush().unwrap();
+    assert!(matches!(volume.try_flush(), Attempt::Done(Ok(()))));
+    until_journal_idle(&volume);
+    volume.write_now(0, block(1).into()).unwrap();
+    {
+        let mut state = volume.engine.lock();
+        // No eager flush may have run yet: a client flushed just now.
+        state.last_flush_request = None;
+        assert!(state.durable_sequence < state.written_sequence);
+    }
+    assert!(
+        matches!(volume.try_flush(), Attempt::WouldBlock(())),
+        "a write not yet durable needs a device flush"
+    );
+    // It counted as a client's flush: the next sync ahead makes the
+    // write durable, and the flush after it needs no waiting.
+    volume.sync_ahead();
+    assert!(matches!(volume.try_flush(), Attempt::Done(Ok(()))));
+    let state = volume.engine.lock();
+    assert_eq!(state.durable_sequence + 1, state.next_sequence);
 }
 
 /// Threads taking the writing role race the journal writer and each
