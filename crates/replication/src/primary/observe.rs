@@ -61,6 +61,15 @@ pub struct EngineReport {
 }
 
 impl Primary {
+    /// Messages sent to `node` and not yet answered (0 for a node that is
+    /// not a member). The node's driver writes a message to an otherwise
+    /// quiet link at once, rather than batching it with others.
+    pub fn unacked_messages(&self, node: NodeId) -> usize {
+        self.members
+            .get(&node)
+            .map_or(0, |member| member.unacked.len())
+    }
+
     pub fn report(&self) -> EngineReport {
         let region_count = self.region_count();
         let links = self

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use trireme_control::events::ReportedEvent;
 use trireme_control::{Command, EventKind};
 use trireme_replication::driver::primary::{ControlPlane, PrimaryDriver};
-use trireme_replication::{Action, ClientError, FromReplica, Primary, VerifyState};
+use trireme_replication::{Action, ClientError, FromReplica, Primary, ToReplica, VerifyState};
 use trireme_store::Volume;
 use trireme_types::{Generation, NodeId, SnapshotId, VolumeName};
 
@@ -94,8 +94,12 @@ pub(super) struct Driver {
     core: Weak<Core>,
     links: BTreeMap<NodeId, LinkSlot>,
     /// Frames for remote links produced in this round, handed to their
-    /// links at its end (one write per link serves many messages).
-    staged: BTreeMap<NodeId, Frames>,
+    /// links at its end (one write per link serves many messages), with
+    /// how many messages they hold.
+    staged: BTreeMap<NodeId, (Frames, usize)>,
+    /// Messages for this node's own copy produced in this round, carried
+    /// out once the remote frames are handed over (see `execute`).
+    local_staged: Vec<(NodeId, ToReplica)>,
     /// Inputs that arose while the lock was held (a link coming up
     /// in-process): handled in the same round.
     queued: VecDeque<Input>,
@@ -144,6 +148,7 @@ impl Driver {
             core: start.core,
             links: BTreeMap::new(),
             staged: BTreeMap::new(),
+            local_staged: Vec::new(),
             queued: VecDeque::new(),
             ops: BTreeMap::new(),
             next_op: 1,
@@ -200,7 +205,7 @@ impl Driver {
                 if self.current(node, epoch) {
                     let slot = self.links.get_mut(&node).expect("current");
                     slot.close();
-                    self.staged.remove(&node);
+                    self.unstage(node);
                     self.primary.link_down(node, now);
                     self.schedule_reconnect(node, epoch);
                 }
@@ -302,6 +307,17 @@ impl Driver {
                 }
                 continue;
             }
+            if !self.local_staged.is_empty() {
+                // The peers' copies first: a write to this node's copy may
+                // take the lock of its store and wake its threads, which
+                // then run before the frames reach the wire (a replicated
+                // write + flush cycle waited ~100 µs per request for it).
+                self.write_staged();
+                for (to, message) in std::mem::take(&mut self.local_staged) {
+                    self.send_local(to, message);
+                }
+                continue;
+            }
             if let Some(input) = self.queued.pop_front() {
                 self.handle(input);
                 continue;
@@ -324,13 +340,26 @@ impl Driver {
         );
     }
 
+    /// Drops what was staged for `node`'s link, which is going away.
+    fn unstage(&mut self, node: NodeId) {
+        self.staged.remove(&node);
+        self.local_staged.retain(|(to, _)| *to != node);
+    }
+
     fn write_staged(&mut self) {
-        for (node, frames) in std::mem::take(&mut self.staged) {
+        for (node, (frames, messages)) in std::mem::take(&mut self.staged) {
             if let Some(slot) = self.links.get(&node) {
                 if let Some(LinkSender::Remote(remote)) = &slot.sender {
+                    // Nothing else outstanding on the link (a client
+                    // waiting on each request, as a database's commits
+                    // do): no later message of a burst will share the
+                    // write, so it goes into the socket now rather than
+                    // wait for the flusher task (and a worker woken for
+                    // it).
+                    let quiet = self.primary.unacked_messages(node) <= messages;
                     // A broken socket: its flusher reports the link down
                     // too, but the engine need not wait for that.
-                    if remote.send(frames).is_err() {
+                    if remote.send(frames, quiet).is_err() {
                         self.queued.push_back(Input::LinkDown(node, slot.epoch));
                     }
                 }
@@ -421,13 +450,11 @@ impl Driver {
             Action::Send { to, message } => {
                 match self.links.get(&to).and_then(|slot| slot.sender.as_ref()) {
                     Some(LinkSender::Remote(_)) => {
-                        self.staged.entry(to).or_default().push(&message);
+                        let (frames, messages) = self.staged.entry(to).or_default();
+                        frames.push(&message);
+                        *messages += 1;
                     }
-                    Some(LinkSender::Local(local)) => {
-                        if let Some((reply, close)) = local.send(message) {
-                            self.local_outcome(to, reply, close);
-                        }
-                    }
+                    Some(LinkSender::Local(_)) => self.local_staged.push((to, message)),
                     None => {}
                 }
             }
@@ -436,7 +463,7 @@ impl Driver {
                     slot.close();
                     slot.epoch += 1;
                     let epoch = slot.epoch;
-                    self.staged.remove(&to);
+                    self.unstage(to);
                     let now = self.now();
                     self.primary.link_down(to, now);
                     self.reconnect_failed_replica(to, epoch);
@@ -489,6 +516,20 @@ impl Driver {
 
     /// The local link carried a message out at once: its reply goes to the
     /// engine now, and a refusal closes the link like a reset.
+    /// Carries out a message to this node's copy (staged in `act`), on a
+    /// link that is still the one it was staged for: a reset or a new
+    /// link drops what was staged for the old one, as for remote links.
+    fn send_local(&mut self, to: NodeId, message: ToReplica) {
+        let Some(LinkSender::Local(local)) =
+            self.links.get(&to).and_then(|slot| slot.sender.as_ref())
+        else {
+            return;
+        };
+        if let Some((reply, close)) = local.send(message) {
+            self.local_outcome(to, reply, close);
+        }
+    }
+
     fn local_outcome(&mut self, to: NodeId, reply: Option<FromReplica>, close: bool) {
         let now = self.now();
         if let Some(reply) = reply {
@@ -514,7 +555,7 @@ impl Driver {
         slot.close();
         slot.epoch += 1;
         let epoch = slot.epoch;
-        self.staged.remove(&to);
+        self.unstage(to);
         let volume = self.volume.clone();
         if to == self.me {
             // This node's copy (or its tiebreaker vote), in-process. Its

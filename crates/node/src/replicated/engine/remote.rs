@@ -2,7 +2,8 @@
 //! a signed preamble. Frames wait in the link's outbox for its flusher
 //! task, which writes all that is queued with one vectored write (a
 //! write's data from its own buffer, never copied into the frame); from a
-//! thread outside the runtime they go into the socket at once. A reader
+//! thread outside the runtime, or on a link with nothing else unanswered,
+//! they go into the socket at once. A reader
 //! task hands the replica's replies to the engine, a burst at a time.
 
 use std::collections::VecDeque;
@@ -92,17 +93,18 @@ impl RemoteLink {
     /// are left to the flusher task, which runs on this worker as soon as
     /// the caller's task yields: by then the caller has usually handed the
     /// engine every request of its burst, and one system call sends them
-    /// all, instead of one per request. From any other thread, with
-    /// nothing queued, they go into the socket at once, rather than wake a
-    /// worker for them.
-    pub fn send(&self, frames: Frames) -> Result<(), ()> {
+    /// all, instead of one per request. From any other thread, or when
+    /// the caller says the link is `quiet` (no message of a burst will
+    /// follow), they go into the socket at once if nothing is queued,
+    /// rather than wait for the flusher and a worker woken for it.
+    pub fn send(&self, frames: Frames, quiet: bool) -> Result<(), ()> {
         let mut outbox = lock(&self.outbox);
         if outbox.broken {
             return Err(());
         }
         let idle = outbox.queue.is_empty();
         outbox.queue.push_back(frames);
-        if idle && tokio::task::try_id().is_none() {
+        if idle && (quiet || tokio::task::try_id().is_none()) {
             match outbox.write_to(&self.writer) {
                 Ok(_) if outbox.queue.is_empty() => return Ok(()),
                 Ok(_) => {}
