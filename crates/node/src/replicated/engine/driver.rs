@@ -635,6 +635,10 @@ impl Driver {
     /// Lets every open link deliver what is queued and end; returns the
     /// links whose end is awaited.
     pub fn close_senders(&mut self) -> BTreeSet<(NodeId, u64)> {
+        debug_assert!(
+            self.local_staged.is_empty(),
+            "every round carries out what it staged for this node's copy"
+        );
         self.write_staged();
         let mut open = BTreeSet::new();
         for (&node, slot) in self.links.iter_mut() {
