@@ -297,7 +297,9 @@ impl Driver {
     }
 
     /// Carries out the engine's actions, and the inputs they gave rise to,
-    /// until there are none; then writes the frames they produced.
+    /// until there are none; then writes the frames they produced. What
+    /// goes to this node's own copy is carried out after the frames for
+    /// the others are handed to their links.
     pub fn execute(&mut self) {
         for _ in 0..ROUND_LIMIT {
             let actions = self.primary.take_actions();
@@ -514,8 +516,6 @@ impl Driver {
         }
     }
 
-    /// The local link carried a message out at once: its reply goes to the
-    /// engine now, and a refusal closes the link like a reset.
     /// Carries out a message to this node's copy (staged in `act`), on a
     /// link that is still the one it was staged for: a reset or a new
     /// link drops what was staged for the old one, as for remote links.
@@ -530,6 +530,8 @@ impl Driver {
         }
     }
 
+    /// The local link carried a message out at once: its reply goes to the
+    /// engine now, and a refusal closes the link like a reset.
     fn local_outcome(&mut self, to: NodeId, reply: Option<FromReplica>, close: bool) {
         let now = self.now();
         if let Some(reply) = reply {

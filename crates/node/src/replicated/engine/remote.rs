@@ -3,8 +3,8 @@
 //! task, which writes all that is queued with one vectored write (a
 //! write's data from its own buffer, never copied into the frame); from a
 //! thread outside the runtime, or on a link with nothing else unanswered,
-//! they go into the socket at once. A reader
-//! task hands the replica's replies to the engine, a burst at a time.
+//! they go into the socket at once. A reader task hands the replica's
+//! replies to the engine, a burst at a time.
 
 use std::collections::VecDeque;
 use std::io::ErrorKind;
