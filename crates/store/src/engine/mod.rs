@@ -394,6 +394,17 @@ impl State {
         );
     }
 
+    /// The answer a flush of every record up to `sequence` has without
+    /// waiting: an error on a failed pool, success once they are durable.
+    pub fn flushed_to(&self, sequence: u64) -> Option<Result<(), TargetError>> {
+        if let Some(reason) = &self.failed {
+            return Some(Err(TargetError::Device(format!(
+                "pool is offline: {reason}"
+            ))));
+        }
+        (self.durable_sequence >= sequence).then_some(Ok(()))
+    }
+
     pub fn check_usable(&self) -> Result<(), TargetError> {
         if let Some(reason) = &self.failed {
             return Err(TargetError::Device(format!("pool is offline: {reason}")));

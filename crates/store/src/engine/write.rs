@@ -659,15 +659,9 @@ impl Engine {
     pub fn try_flush(&self) -> Attempt<(), ()> {
         let mut state = self.lock();
         state.last_flush_request = Some(std::time::Instant::now());
-        if let Some(reason) = &state.failed {
-            return Attempt::Done(Err(TargetError::Device(format!(
-                "pool is offline: {reason}"
-            ))));
-        }
-        if state.durable_sequence >= state.next_sequence - 1 {
-            Attempt::Done(Ok(()))
-        } else {
-            Attempt::WouldBlock(())
+        match state.flushed_to(state.next_sequence - 1) {
+            Some(answer) => Attempt::Done(answer),
+            None => Attempt::WouldBlock(()),
         }
     }
 
@@ -691,11 +685,8 @@ impl Engine {
     pub fn flush_to(&self, sequence: u64) -> Result<(), TargetError> {
         let mut state = self.lock();
         loop {
-            if let Some(reason) = &state.failed {
-                return Err(TargetError::Device(format!("pool is offline: {reason}")));
-            }
-            if state.durable_sequence >= sequence {
-                return Ok(());
+            if let Some(answer) = state.flushed_to(sequence) {
+                return answer;
             }
             if bug!(self, ack_before_durable) && state.written_sequence >= sequence {
                 return Ok(());

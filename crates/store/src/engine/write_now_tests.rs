@@ -134,7 +134,8 @@ fn try_flush_answers_at_once_only_when_everything_written_is_durable() {
     volume.write_now(0, block(1).into()).unwrap();
     {
         let mut state = volume.engine.lock();
-        // No eager flush may have run yet: a client flushed just now.
+        // Forget the flush above, so that nothing flushes eagerly before
+        // `try_flush` is asked.
         state.last_flush_request = None;
         assert!(state.durable_sequence < state.written_sequence);
     }
