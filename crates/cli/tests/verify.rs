@@ -44,7 +44,8 @@ fn rewrite_block_silently(pool: &Path, old: &[u8], new: &[u8]) {
     file.write_all(new).unwrap();
     file.seek(SeekFrom::Start(checksum_offset + 4 * block))
         .unwrap();
-    file.write_all(&crc32c::crc32c(new).to_le_bytes()).unwrap();
+    file.write_all(&crc_fast::crc32_iscsi(new).to_le_bytes())
+        .unwrap();
     file.sync_all().unwrap();
 }
 

@@ -49,7 +49,7 @@ pub fn encode_slot(generation: u64, regions: &BTreeSet<u32>) -> Vec<u8> {
         let at = SLOT_HEADER_BYTES + index * 4;
         slot[at..at + 4].copy_from_slice(&region.to_le_bytes());
     }
-    let crc = crc32c::crc32c(&slot);
+    let crc = crc_fast::crc32_iscsi(&slot);
     slot[4..8].copy_from_slice(&crc.to_le_bytes());
     slot
 }
@@ -66,7 +66,7 @@ pub fn decode_slot(slot: &[u8]) -> Option<(u64, BTreeSet<u32>)> {
     }
     let mut copy = slot[..SLOT_BYTES as usize].to_vec();
     copy[4..8].fill(0);
-    if crc32c::crc32c(&copy) != u32_at(4) {
+    if crc_fast::crc32_iscsi(&copy) != u32_at(4) {
         return None;
     }
     let generation = u64::from_le_bytes(slot[8..16].try_into().expect("8 bytes"));

@@ -182,7 +182,7 @@ impl Superblock {
             let start = 40 + index * 8;
             block[start..start + 8].copy_from_slice(&value.to_le_bytes());
         }
-        let crc = crc32c::crc32c(&block);
+        let crc = crc_fast::crc32_iscsi(&block);
         block[12..16].copy_from_slice(&crc.to_le_bytes());
         block
     }
@@ -213,7 +213,7 @@ impl Superblock {
         let stored_crc = u32_at(12);
         let mut copy = block[..SUPERBLOCK_BYTES as usize].to_vec();
         copy[12..16].fill(0);
-        if crc32c::crc32c(&copy) != stored_crc {
+        if crc_fast::crc32_iscsi(&copy) != stored_crc {
             return Err(not_a_pool("superblock checksum mismatch"));
         }
         if u32_at(32) as u64 != CHUNK_BYTES || u32_at(36) as u64 != BLOCK_BYTES {

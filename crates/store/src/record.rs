@@ -96,16 +96,16 @@ impl Record {
                 block_crcs,
                 fresh_chunks,
                 ..
-            } if !fresh_chunks.is_empty() => crc32c::crc32c(
+            } if !fresh_chunks.is_empty() => crc_fast::crc32_iscsi(
                 &crate::journal::encode_redirect_payload(fresh_chunks, block_crcs),
             ),
             RecordBody::Write {
                 block_crcs, direct, ..
             } if !direct.is_empty() => {
-                crc32c::crc32c(&crate::journal::encode_redirect_payload(direct, block_crcs))
+                crc_fast::crc32_iscsi(&crate::journal::encode_redirect_payload(direct, block_crcs))
             }
             RecordBody::Write { block_crcs, .. } => crate::journal::data_crc(block_crcs),
-            RecordBody::Snapshot { .. } => crc32c::crc32c(&self.snapshot_payload()),
+            RecordBody::Snapshot { .. } => crc_fast::crc32_iscsi(&self.snapshot_payload()),
             _ => 0,
         };
         RecordHeader {

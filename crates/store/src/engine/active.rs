@@ -422,7 +422,7 @@ impl Engine {
                     tracing::warn!(pool = %self.pool_name, physical_block, %error, "cannot read a block of an active region");
                     continue;
                 }
-                let crc = crc32c::crc32c(&data);
+                let crc = crc_fast::crc32_iscsi(&data);
                 let mut state = self.lock();
                 let state = &mut *state;
                 let stored = state

@@ -352,7 +352,9 @@ impl Engine {
                     }
                     for (index, data) in target.chunks_exact(block_size).enumerate() {
                         let expected = plan.crcs[crcs_from + index];
-                        if crc32c::crc32c(data) != expected && !bug!(self, skip_read_checksum) {
+                        if crc_fast::crc32_iscsi(data) != expected
+                            && !bug!(self, skip_read_checksum)
+                        {
                             mismatches.push(Mismatch {
                                 block: block + index as u64,
                                 physical_block: physical_block + index as u64,

@@ -205,7 +205,7 @@ impl Engine {
         self.disk
             .read_at(&mut payload, physical + HEADER_BYTES)
             .map_err(|error| StoreError::io("reading the journal", error))?;
-        Ok((crc32c::crc32c(&payload) == header.data_crc).then_some(payload))
+        Ok((crc_fast::crc32_iscsi(&payload) == header.data_crc).then_some(payload))
     }
 
     /// A redirect replays only if its fresh chunks are free and hold the data
@@ -273,7 +273,7 @@ impl Engine {
                     self.disk
                         .read_at(&mut payload, physical + HEADER_BYTES)
                         .map_err(|error| StoreError::io("reading the journal", error))?;
-                    if crc32c::crc32c(&payload) != header.data_crc {
+                    if crc_fast::crc32_iscsi(&payload) != header.data_crc {
                         break;
                     }
                     let (id, created_unix_seconds, size_bytes) = decode_snapshot_payload(&payload);
