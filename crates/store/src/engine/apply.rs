@@ -231,11 +231,13 @@ pub fn run_applier(engine: Arc<Engine>) {
                 } else {
                     CHECKPOINT_INTERVAL
                 };
+                state.applier_asleep = true;
                 state = engine
                     .applier_wake
                     .wait_timeout(state, timeout)
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .0;
+                state.applier_asleep = false;
             }
             let urgent = state.urgent;
             state.urgent = false;

@@ -143,6 +143,7 @@ impl Engine {
                 let last = batch.last().expect("a batch has a record");
                 assert_eq!(last.sequence, state.written_sequence + batch.len() as u64);
                 state.written_sequence = last.sequence;
+                self.wake_applier_for_records(&mut state);
                 Ok(())
             }
             Err(error) => {

@@ -594,9 +594,7 @@ impl Engine {
             _ => volume_state.overlay.insert(record.clone()),
         }
         state.validate(journal_size);
-        if state.unapplied_bytes >= super::apply::APPLY_BATCH_MIN_BYTES {
-            self.applier_wake.notify_all();
-        }
+        self.wake_applier_for_records(&mut state);
         // The caller may write the record itself only if it is the one
         // record to write next, and redirects (whole chunks) are left to
         // the journal writer, which splits them among its helpers.
