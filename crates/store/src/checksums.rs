@@ -113,6 +113,31 @@ impl ChecksumTable {
         Ok(())
     }
 
+    /// Sets the crcs of consecutive physical blocks from `first_block`:
+    /// one page lookup per page they span, not one per block (a whole
+    /// chunk's 16 blocks share one page).
+    pub fn set_run(
+        &mut self,
+        disk: &dyn Disk,
+        layout: &Layout,
+        first_block: u64,
+        crcs: &[u32],
+    ) -> io::Result<()> {
+        let mut block = first_block;
+        let mut crcs = crcs;
+        while !crcs.is_empty() {
+            let page = self.load(disk, layout, block / CRCS_PER_PAGE)?;
+            let from = (block % CRCS_PER_PAGE) as usize;
+            let count = crcs.len().min(page.crcs.len() - from);
+            page.crcs[from..from + count].copy_from_slice(&crcs[..count]);
+            page.dirty = true;
+            page.version += 1;
+            block += count as u64;
+            crcs = &crcs[count..];
+        }
+        Ok(())
+    }
+
     pub fn dirty_pages(&self) -> usize {
         self.pages.values().filter(|page| page.dirty).count()
     }
@@ -150,5 +175,38 @@ impl ChecksumTable {
             }
         }
         self.evict_if_full();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::FileDisk;
+
+    #[test]
+    fn a_run_across_pages_sets_what_single_sets_would() {
+        let file = tempfile::tempfile().unwrap();
+        let layout = Layout::compute(1 << 30).unwrap();
+        file.set_len(layout.data_offset).unwrap();
+        let disk = FileDisk::new(file);
+        let (mut runs, mut singles) = (ChecksumTable::new(4), ChecksumTable::new(4));
+        // From 10 blocks before a page's end to 5 after the next one's.
+        let first = CRCS_PER_PAGE - 10;
+        let crcs: Vec<u32> = (0..CRCS_PER_PAGE as u32 + 15).map(|i| i * 7 + 1).collect();
+        runs.set_run(&disk, &layout, first, &crcs).unwrap();
+        for (index, crc) in crcs.iter().enumerate() {
+            singles
+                .set(&disk, &layout, first + index as u64, *crc)
+                .unwrap();
+        }
+        for block in first - 2..first + crcs.len() as u64 + 2 {
+            assert_eq!(
+                runs.get(&disk, &layout, block).unwrap(),
+                singles.get(&disk, &layout, block).unwrap(),
+                "block {block}"
+            );
+        }
+        assert_eq!(runs.dirty_pages(), 3);
+        assert_eq!(runs.collect_dirty().len(), singles.collect_dirty().len());
     }
 }

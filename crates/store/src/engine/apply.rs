@@ -790,14 +790,16 @@ impl Engine {
                 }
             }
             state.fresh_since_checkpoint.insert(*physical);
-            for bit in 0..BLOCKS_PER_CHUNK {
-                let physical_block = *physical as u64 * BLOCKS_PER_CHUNK + bit;
-                let crc = block_crcs[index * BLOCKS_PER_CHUNK as usize + bit as usize];
-                state
-                    .checksums
-                    .set(&*self.disk, &self.layout, physical_block, crc)
-                    .map_err(|error| format!("loading checksums failed: {error}"))?;
-            }
+            let per_chunk = BLOCKS_PER_CHUNK as usize;
+            state
+                .checksums
+                .set_run(
+                    &*self.disk,
+                    &self.layout,
+                    *physical as u64 * BLOCKS_PER_CHUNK,
+                    &block_crcs[index * per_chunk..(index + 1) * per_chunk],
+                )
+                .map_err(|error| format!("loading checksums failed: {error}"))?;
         }
         Ok(())
     }
