@@ -13,7 +13,7 @@
 //!    every step above idempotently.
 
 use super::active::direct_runs;
-use super::{bug, Engine, SnapshotState, State};
+use super::{bug, DeferredFree, Engine, FreeReason, SnapshotState, State};
 use crate::checksums::{ChecksumTable, CACHE_PAGES_MAX};
 use crate::chunk_map::ChunkEntry;
 use crate::layout::{BLOCKS_PER_CHUNK, BLOCK_BYTES, CHUNK_BYTES};
@@ -492,7 +492,12 @@ impl Engine {
         if !live {
             // The volume was deleted after this record was written.
             if let RecordBody::Write { fresh_chunks, .. } = &record.body {
-                state.deferred_frees.extend(fresh_chunks);
+                state
+                    .deferred_frees
+                    .extend(fresh_chunks.iter().map(|&physical| DeferredFree {
+                        physical,
+                        why: FreeReason::Released,
+                    }));
             }
             return Ok(());
         }
@@ -579,7 +584,12 @@ impl Engine {
                                 // not overwrite, with their checksums.
                                 entry.written = shared.written & !mask;
                                 self.copy_chunk(state, shared.physical, entry, copies)?;
-                                state.release_entry(record.volume, chunk, shared);
+                                state.release_entry(
+                                    record.volume,
+                                    chunk,
+                                    shared,
+                                    FreeReason::Released,
+                                );
                             }
                             entry
                         }
@@ -651,7 +661,7 @@ impl Engine {
                         // The newest snapshot keeps the entry as it was; the
                         // volume keeps the rest of the chunk through a
                         // second reference to it (no data moves).
-                        state.release_entry(record.volume, chunk, entry);
+                        state.release_entry(record.volume, chunk, entry, FreeReason::Released);
                         if written != 0 {
                             state.add_reference(entry.physical);
                         }
@@ -664,7 +674,7 @@ impl Engine {
                         // Only the written-bitmap of this entry changes;
                         // other entries sharing the chunk keep theirs.
                         if written == 0 {
-                            state.drop_reference(entry.physical);
+                            state.drop_reference(entry.physical, FreeReason::Released);
                         }
                         ChunkEntry { written, ..entry }
                     };
@@ -785,9 +795,7 @@ impl Engine {
             state.dirty_chunks.insert((record.volume, chunk));
             if let Some(old) = replaced {
                 assert_ne!(old.physical, *physical, "a fresh chunk was already mapped");
-                if state.release_entry(record.volume, chunk, old) {
-                    state.replaced_frees.insert(old.physical);
-                }
+                state.release_entry(record.volume, chunk, old, FreeReason::Replaced);
             }
             state.fresh_since_checkpoint.insert(*physical);
             let per_chunk = BLOCKS_PER_CHUNK as usize;
@@ -872,7 +880,7 @@ impl Engine {
         self.changed.notify_all();
         drop(state);
         self.retire_regions(checkpoint.next_sequence)?;
-        let mut state = self.lock();
+        let state = self.lock();
         if freed == 0 {
             return Ok(());
         }
@@ -892,8 +900,8 @@ impl Engine {
         let mut warm = Vec::new();
         let mut released = Vec::with_capacity(freed);
         for index in 0..freed {
-            let physical = state.deferred_frees[index];
-            if state.replaced_frees.remove(&physical) && warm_room > 0 {
+            let DeferredFree { physical, why } = state.deferred_frees[index];
+            if why == FreeReason::Replaced && warm_room > 0 {
                 warm_room -= 1;
                 warm.push(physical);
             } else {

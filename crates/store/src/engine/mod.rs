@@ -201,12 +201,7 @@ pub struct State {
     /// Chunks no longer mapped, returned to the allocator only after the
     /// next checkpoint commits maps without them: a crash before it replays
     /// from maps that still point there, so they must keep their data.
-    pub deferred_frees: Vec<u32>,
-    /// Those of them that a redirect replaced (an overwrite, not a trim or
-    /// a deletion): their space may stay in the pool file as warm chunks
-    /// ([`crate::chunk_map::Allocator`]), since the stream that freed them
-    /// is about to need as many.
-    pub replaced_frees: HashSet<u32>,
+    pub deferred_frees: Vec<DeferredFree>,
     /// Chunks filled by redirects applied since the last checkpoint: no
     /// in-place write may touch them before the next one.
     pub fresh_since_checkpoint: HashSet<u32>,
@@ -293,7 +288,6 @@ impl State {
             reserved_chunks: 0,
             checksums: ChecksumTable::new(CACHE_PAGES_MAX),
             deferred_frees: Vec::new(),
-            replaced_frees: HashSet::new(),
             fresh_since_checkpoint: HashSet::new(),
             copying: HashMap::new(),
             replayed_in_place: HashSet::new(),
@@ -335,8 +329,8 @@ impl State {
     }
 
     /// One map entry fewer points at `physical`; the last one gives the
-    /// chunk back after the next checkpoint. True when it was the last.
-    pub fn drop_reference(&mut self, physical: u32) -> bool {
+    /// chunk back after the next checkpoint.
+    pub fn drop_reference(&mut self, physical: u32, why: FreeReason) {
         match self.refcounts.get_mut(&physical) {
             Some(count) => {
                 *count -= 1;
@@ -344,20 +338,21 @@ impl State {
                     self.refcounts.remove(&physical);
                 }
                 self.dirty_refcounts.insert(physical);
-                false
             }
-            None => {
-                self.deferred_frees.push(physical);
-                true
-            }
+            None => self.deferred_frees.push(DeferredFree { physical, why }),
         }
     }
 
     /// A live entry leaves `volume`'s map at `chunk` (overwritten by a
     /// copy, redirected, trimmed, rolled back): the newest snapshot keeps
     /// it in its saved map if it reads it, otherwise its reference goes.
-    /// True when that freed the chunk (after the next checkpoint).
-    pub fn release_entry(&mut self, volume: VolumeId, chunk: u64, entry: ChunkEntry) -> bool {
+    pub fn release_entry(
+        &mut self,
+        volume: VolumeId,
+        chunk: u64,
+        entry: ChunkEntry,
+        why: FreeReason,
+    ) {
         let volume_state = self.volumes.get_mut(&volume).expect("live volume");
         match volume_state.snapshots.last_mut() {
             Some(newest) if entry.birth <= newest.record.epoch => {
@@ -368,9 +363,8 @@ impl State {
                 newest.saved.set(chunk, Some(entry));
                 let id = newest.id;
                 self.dirty_saved.insert((volume, id, chunk));
-                false
             }
-            _ => self.drop_reference(entry.physical),
+            _ => self.drop_reference(entry.physical, why),
         }
     }
 
@@ -611,3 +605,24 @@ impl Engine {
 mod admission_tests;
 #[cfg(test)]
 mod write_now_tests;
+
+/// A chunk no map needs any more, waiting for the checkpoint that commits
+/// maps without it (`State::deferred_frees`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeferredFree {
+    pub physical: u32,
+    pub why: FreeReason,
+}
+
+/// Why a chunk was freed, which decides where its space goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreeReason {
+    /// A redirect put a fresh chunk in its place (an overwrite): its space
+    /// may stay in the pool file as a warm chunk
+    /// ([`crate::chunk_map::Allocator`]), since the stream that freed it is
+    /// about to need as many.
+    Replaced,
+    /// Trimmed, copied away, deleted or left by a deleted volume: its space
+    /// goes back to the host.
+    Released,
+}

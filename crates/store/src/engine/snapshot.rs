@@ -8,7 +8,7 @@
 //! commit in one redb transaction, so a crash leaves either all of it or
 //! none of it, and the journal after the checkpoint replays on top of it.
 
-use super::{Engine, State, VolumeState};
+use super::{Engine, FreeReason, State, VolumeState};
 use crate::chunk_map::ChunkEntry;
 use crate::metadata::VolumeRecord;
 use crate::StoreError;
@@ -165,7 +165,7 @@ impl Engine {
                 state.dirty_saved.insert((volume, older, chunk));
             }
             for physical in dropped {
-                state.drop_reference(physical);
+                state.drop_reference(physical, FreeReason::Released);
             }
             state.dirty_snapshots.insert((volume, id));
             Ok(())
@@ -295,7 +295,7 @@ impl Engine {
                 .expect("found")
                 .map
                 .set(chunk, None);
-            state.release_entry(volume, chunk, entry);
+            state.release_entry(volume, chunk, entry, FreeReason::Released);
             state.dirty_chunks.insert((volume, chunk));
         }
         for (chunk, entry) in view {
@@ -357,11 +357,11 @@ impl Engine {
                 .remove(&volume)
                 .ok_or_else(|| StoreError::VolumeNotFound(name.clone()))?;
             for (_, entry) in removed.map.iter() {
-                state.drop_reference(entry.physical);
+                state.drop_reference(entry.physical, FreeReason::Released);
             }
             for snapshot in &removed.snapshots {
                 for (_, entry) in snapshot.saved.iter() {
-                    state.drop_reference(entry.physical);
+                    state.drop_reference(entry.physical, FreeReason::Released);
                 }
             }
             state.dirty_chunks.retain(|(owner, _)| *owner != volume);
