@@ -106,11 +106,7 @@ impl ChecksumTable {
         physical_block: u64,
         crc: u32,
     ) -> io::Result<()> {
-        let page = self.load(disk, layout, physical_block / CRCS_PER_PAGE)?;
-        page.crcs[(physical_block % CRCS_PER_PAGE) as usize] = crc;
-        page.dirty = true;
-        page.version += 1;
-        Ok(())
+        self.set_run(disk, layout, physical_block, &[crc])
     }
 
     /// Sets the crcs of consecutive physical blocks from `first_block`:
@@ -200,9 +196,20 @@ mod tests {
                 .unwrap();
         }
         for block in first - 2..first + crcs.len() as u64 + 2 {
+            // Blocks outside the run keep what the device holds: zeros.
+            let expected = block
+                .checked_sub(first)
+                .and_then(|index| crcs.get(index as usize))
+                .copied()
+                .unwrap_or(0);
             assert_eq!(
                 runs.get(&disk, &layout, block).unwrap(),
+                expected,
+                "block {block}"
+            );
+            assert_eq!(
                 singles.get(&disk, &layout, block).unwrap(),
+                expected,
                 "block {block}"
             );
         }
