@@ -217,3 +217,91 @@ fn concurrent_writers_keep_the_journal_in_order() {
     assert!(crashed.scan().unwrap().is_clean());
     assert!(pool.scan().unwrap().is_clean());
 }
+
+/// The applier's wake-up rule (`Engine::wake_applier_for_records`): a
+/// sleeping applier is woken only once written records wait for it and
+/// they add up to a batch; an admission below that wakes nobody, and the
+/// one that crosses it does. The applier is paused, and the test holds its
+/// "asleep" flag: a wake-up is the flag cleared (the wake clears it as it
+/// notifies), so no timing decides the outcome. That only written records
+/// count is not checked here: a test cannot hold the journal writer back.
+#[test]
+fn the_applier_is_woken_only_for_a_batch_of_written_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(dir.path());
+    let volume = volume(&pool);
+    let asleep = |volume: &Volume| volume.engine.lock().applier_asleep;
+    // Parks the applier where the flag is no longer its own: woken, it
+    // clears the flag and, seeing the pause, waits (both under the lock).
+    pool.pause_applier(true);
+    volume.engine.applier_wake.notify_all();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while asleep(&volume) {
+        assert!(Instant::now() < deadline, "the applier never saw the pause");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let fall_asleep = |volume: &Volume| volume.engine.lock().applier_asleep = true;
+    let batch = super::apply::APPLY_BATCH_MIN_BYTES;
+    let piece = 64 << 10;
+
+    // Written records below a batch: no wake-up.
+    fall_asleep(&volume);
+    volume.write(0, vec![1u8; piece].into(), false).unwrap();
+    until_journal_idle(&volume);
+    assert!(asleep(&volume), "one small write woke the applier");
+
+    // Up to just below a batch, all written: still none.
+    let mut offset = piece as u64;
+    while volume.engine.lock().unapplied_bytes + piece as u64 * 2 <= batch {
+        volume
+            .write(offset, vec![2u8; piece].into(), false)
+            .unwrap();
+        offset += piece as u64;
+    }
+    until_journal_idle(&volume);
+    assert!(asleep(&volume), "records below a batch woke the applier");
+
+    // The admission that crosses the batch, with written records waiting,
+    // wakes it (or the journal writer does, once it has written it).
+    volume
+        .write(offset, vec![3u8; 2 * piece].into(), false)
+        .unwrap();
+    until_journal_idle(&volume);
+    assert!(
+        !asleep(&volume),
+        "a batch of written records did not wake the applier"
+    );
+    {
+        let state = volume.engine.lock();
+        assert!(state.unapplied_bytes >= batch);
+        assert!(state.written_sequence > state.applied_sequence);
+    }
+
+    // Asleep again with a batch already waiting: the next admission wakes
+    // it at once, before its own record is written.
+    fall_asleep(&volume);
+    volume
+        .write(offset + 2 * piece as u64, vec![4u8; piece].into(), false)
+        .unwrap();
+    assert!(
+        !asleep(&volume),
+        "an admission over a waiting batch did not wake the applier"
+    );
+
+    // Let go, the applier applies everything, and the data reads back.
+    pool.pause_applier(false);
+    volume.engine.applier_wake.notify_all();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = volume.engine.lock();
+        if state.applied_sequence == state.written_sequence && state.unapplied_bytes == 0 {
+            break;
+        }
+        drop(state);
+        assert!(Instant::now() < deadline, "the applier never caught up");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut read = vec![0u8; piece];
+    volume.read(offset, &mut read).unwrap();
+    assert!(read.iter().all(|b| *b == 3));
+}
