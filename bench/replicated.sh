@@ -35,7 +35,10 @@
 # J1 on this machine: raw3 + 4 hops (the write's way to a replica through
 # the primary, and the flush's answer back the same way). Another context row
 # sets qemu-nbd's J1 cycle (one unreplicated copy, the same NBD client) against
-# the target: what the NBD round trips alone cost here.
+# the target: what the NBD round trips alone cost here. With J1 and a C
+# compiler, bench/j1_floor.c runs the same replicated J1 in plain C (four
+# processes: client, primary, two replicas; REPEAT runs of RUNTIME seconds)
+# and the table sets trireme's cycle against it and against the chain.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -264,6 +267,8 @@ for target in $TARGETS; do
             log "raw3: three libaio --direct=1 fsync=1 streams at once, one per file (J1 only)"
             JOBS=J1 run_target raw3 "" --ioengine=libaio --direct=1 --numjobs=3 \
                 --filename_format="$SCRATCH/raw3.\$jobnum.img"
+            # Room for bench/j1_floor.c's three copies below.
+            [ -n "${KEEP_SCRATCH:-}" ] || rm -f "$SCRATCH"/raw3.*.img
         fi
         ;;
     *) die "unknown target $target" ;;
@@ -294,6 +299,24 @@ if [[ " $JOBS " == *" J1 "* ]] && command -v sockperf >/dev/null; then
 elif [[ " $JOBS " == *" J1 "* ]]; then
     log "sockperf not installed: the J1 floor row is left out (apt-get install -y sockperf)"
 fi
+# floor_us: the J1 cycle of bench/j1_floor.c, the fastest replicated J1 a
+# straightforward program reaches here (four processes, real hops, real
+# write + fdatasync of three copies on this disk), median of REPEAT runs.
+floor_us=""
+if [[ " $JOBS " == *" J1 "* ]] && command -v cc >/dev/null; then
+    mkdir -p "$SCRATCH/floor"
+    cc -O2 -o "$SCRATCH/floor/j1_floor" "$here/j1_floor.c"
+    floors=()
+    for _ in $(seq 1 "$REPEAT"); do
+        c=$("$SCRATCH/floor/j1_floor" "$SCRATCH/floor" "$RUNTIME" "$((size_bytes >> 20))" | sed -n 's/^cycle_us //p')
+        [ -n "$c" ] && floors+=("$c")
+    done
+    rm -f "$SCRATCH"/floor/floor.*.img
+    if [ ${#floors[@]} -gt 0 ]; then
+        floor_us=$(printf '%s\n' "${floors[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+        log "j1_floor: a replicated J1 cycle in plain C takes ${floor_us} µs here (median of ${#floors[@]}: ${floors[*]})"
+    fi
+fi
 halt_poll=""
 [ -r /sys/module/haltpoll/parameters/guest_halt_poll_ns ] &&
     halt_poll=$(cat /sys/module/haltpoll/parameters/guest_halt_poll_ns)
@@ -304,7 +327,7 @@ export B_LOAD="load average at start $load_start, at end $(cut -d' ' -f1-3 /proc
 export B_DIRTY="$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null | wc -l)"
 export B_TARGETS="$TARGETS" B_JOBS="$JOBS" B_REPO="$repo" B_CMD="$envline $cmdline" B_DISK="$diskinfo" \
     B_RUNTIME="$RUNTIME" B_REPEAT="$REPEAT" B_SIZE="$SIZE" B_TRIREME_INFO="$trireme_info" \
-    B_HOP="$hop_us" B_HALT_POLL="$halt_poll"
+    B_HOP="$hop_us" B_FLOOR="$floor_us" B_HALT_POLL="$halt_poll"
 section=$SCRATCH/section.md
 python3 - "$results" "$section" <<'PY'
 import json, statistics, sys, datetime, platform, os, subprocess
@@ -411,6 +434,10 @@ if "trireme" in targets:
             floor = b3 + 4 * hop
             over = floor - (b + 100) if b else None
             L.append(f"| (context, not the target) floor of a replicated J1 on this machine, for threads that sleep while they wait: raw3 + 4 loopback hops | {f(a,'%.1f')} µs | {f(floor,'%.1f')} µs (floor) | {f(a - floor if a else None,'%+.1f')} µs | - |")
+            program = float(E["B_FLOOR"]) if E.get("B_FLOOR") else None
+            if program is not None:
+                L.append(f"| (context, not the target) the same J1 in plain C (`bench/j1_floor.c`: four processes, the best shape we know, no journal, checksums or NBD): its cycle against that chain | {f(program,'%.1f')} µs | {f(floor,'%.1f')} µs (chain) | {program / floor:.2f}× | - |")
+                L.append(f"| three-replica J1 cycle ≤ 1.15× the chain (issue 24), and against the plain-C program | {f(a,'%.1f')} µs | {f(floor,'%.1f')} µs (chain), {f(program,'%.1f')} µs (C) | {f(a / floor if a else None,'%.2f')}× chain, {f(a / program if a else None,'%.2f')}× C | {yes(None if a is None else a <= 1.15 * floor)} |")
             if over is not None:
                 L.append(f"| (context) that floor against the target (raw + 100 µs = {b + 100:.1f} µs) | - | {f(floor,'%.1f')} µs | {over:+.1f} µs | {'the target is below the floor' if over > 0 else 'the target is above the floor'} |")
     q1 = cycle("qemu-nbd")
