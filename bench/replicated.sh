@@ -114,7 +114,7 @@ cleanup() {
     done
     if [ -z "${KEEP_SCRATCH:-}" ] && [ -d "$SCRATCH" ]; then
         # node data dirs hold each node's default pool and the bench pool images
-        rm -rf "$SCRATCH"/n[123] "$SCRATCH"/*.img "$SCRATCH"/*.raw
+        rm -rf "$SCRATCH"/n[123] "$SCRATCH"/*.img "$SCRATCH"/*.raw "$SCRATCH"/floor
     fi
     exit $rc
 }
@@ -306,12 +306,24 @@ fi
 floor_us=""
 if [[ " $JOBS " == *" J1 "* ]] && command -v cc >/dev/null; then
     mkdir -p "$SCRATCH/floor"
-    cc -O2 -o "$SCRATCH/floor/j1_floor" "$here/j1_floor.c"
     floors=()
-    for _ in $(seq 1 "$REPEAT"); do
-        c=$("$SCRATCH/floor/j1_floor" "$SCRATCH/floor" "$RUNTIME" "$((size_bytes >> 20))" | sed -n 's/^cycle_us //p')
-        [ -n "$c" ] && floors+=("$c")
-    done
+    if cc -O2 -o "$SCRATCH/floor/j1_floor" "$here/j1_floor.c"; then
+        for _ in $(seq 1 "$REPEAT"); do
+            # In the background, so that an interrupted run stops it too.
+            "$SCRATCH/floor/j1_floor" "$SCRATCH/floor" "$RUNTIME" "$((size_bytes >> 20))" \
+                >"$SCRATCH/floor/out" &
+            fpid=$!
+            pids_to_kill+=("$fpid")
+            if wait "$fpid"; then
+                c=$(sed -n 's/^cycle_us //p' "$SCRATCH/floor/out")
+                [ -n "$c" ] && floors+=("$c")
+            else
+                log "j1_floor failed: its rows are left out"
+            fi
+        done
+    else
+        log "bench/j1_floor.c did not build: its rows are left out"
+    fi
     rm -f "$SCRATCH"/floor/floor.*.img
     if [ ${#floors[@]} -gt 0 ]; then
         floor_us=$(printf '%s\n' "${floors[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
