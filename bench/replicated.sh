@@ -294,7 +294,7 @@ if [[ " $JOBS " == *" J1 "* ]] && command -v sockperf >/dev/null; then
     done
     kill "$spid" 2>/dev/null || true
     if [ ${#hops[@]} -gt 0 ]; then
-        hop_us=$(printf '%s\n' "${hops[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+        hop_us=$(median "${hops[@]}")
         log "loopback: one-way hop p50 ${hop_us} µs (sockperf ping-pong, median of ${#hops[@]})"
     fi
 elif [[ " $JOBS " == *" J1 "* ]]; then
@@ -326,7 +326,7 @@ if [[ " $JOBS " == *" J1 "* ]] && command -v cc >/dev/null; then
     fi
     rm -f "$SCRATCH"/floor/floor.*.img
     if [ ${#floors[@]} -gt 0 ]; then
-        floor_us=$(printf '%s\n' "${floors[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+        floor_us=$(median "${floors[@]}")
         log "j1_floor: a replicated J1 cycle in plain C takes ${floor_us} µs here (median of ${#floors[@]}: ${floors[*]})"
     fi
 fi
