@@ -277,8 +277,9 @@ fn the_applier_is_woken_only_for_a_batch_of_written_records() {
         assert!(state.written_sequence > state.applied_sequence);
     }
 
-    // Asleep again with a batch already waiting: the next admission wakes
-    // it at once, before its own record is written.
+    // Asleep again with a batch already waiting: the next write wakes it
+    // (its admission, or the journal writer once it has written it; this
+    // does not tell the two apart).
     fall_asleep(&volume);
     volume
         .write(offset + 2 * piece as u64, vec![4u8; piece].into(), false)
