@@ -87,7 +87,6 @@ for rep in $(seq 1 "$REPEAT"); do
     with+=("$(one_run "$with_bin")")
     log "run $rep with metrics:    ${with[-1]} IOPS"
 done
-median() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 m_with=$(median "${with[@]}")
 m_without=$(median "${without[@]}")
 ratio=$(python3 -c "print(f'{$m_with / $m_without:.3f}')")
