@@ -32,19 +32,21 @@ fn block(seed: u8) -> trireme_types::BlockBuf {
     vec![seed; 4096].into()
 }
 
-/// Waits until the journal writer has written everything and sleeps.
-fn until_journal_idle(volume: &Volume) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        {
-            let state = volume.engine.lock();
-            if state.journal_idle && state.written_sequence + 1 == state.next_sequence {
-                return;
-            }
-        }
-        assert!(Instant::now() < deadline, "the journal writer never idled");
+/// Polls the pool's state until `done` holds, failing with `what` after
+/// `seconds`: the background threads get there in their own time.
+fn until(volume: &Volume, seconds: u64, what: &str, done: impl Fn(&super::State) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while !done(&volume.engine.lock()) {
+        assert!(Instant::now() < deadline, "{what}");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// Waits until the journal writer has written everything and sleeps.
+fn until_journal_idle(volume: &Volume) {
+    until(volume, 5, "the journal writer never idled", |state| {
+        state.journal_idle && state.written_sequence + 1 == state.next_sequence
+    });
 }
 
 #[test]
@@ -235,11 +237,9 @@ fn the_applier_is_woken_only_for_a_batch_of_written_records() {
     // clears the flag and, seeing the pause, waits (both under the lock).
     pool.pause_applier(true);
     volume.engine.applier_wake.notify_all();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while asleep(&volume) {
-        assert!(Instant::now() < deadline, "the applier never saw the pause");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    until(&volume, 5, "the applier never saw the pause", |state| {
+        !state.applier_asleep
+    });
     let fall_asleep = |volume: &Volume| volume.engine.lock().applier_asleep = true;
     let batch = super::apply::APPLY_BATCH_MIN_BYTES;
     let piece = 64 << 10;
@@ -292,16 +292,9 @@ fn the_applier_is_woken_only_for_a_batch_of_written_records() {
     // Let go, the applier applies everything, and the data reads back.
     pool.pause_applier(false);
     volume.engine.applier_wake.notify_all();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let state = volume.engine.lock();
-        if state.applied_sequence == state.written_sequence && state.unapplied_bytes == 0 {
-            break;
-        }
-        drop(state);
-        assert!(Instant::now() < deadline, "the applier never caught up");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    until(&volume, 10, "the applier never caught up", |state| {
+        state.applied_sequence == state.written_sequence && state.unapplied_bytes == 0
+    });
     let mut read = vec![0u8; piece];
     volume.read(offset, &mut read).unwrap();
     assert!(read.iter().all(|b| *b == 3));
