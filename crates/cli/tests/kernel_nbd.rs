@@ -6,9 +6,11 @@
 //! kernel_nbd.sh) runs a single-node trireme on the guest's disk, asks it
 //! over the REST API for a volume's device (`kind: kernel-nbd`), makes an
 //! ext4 file system on it, and SIGKILLs and restarts the daemon while a
-//! writer writes synced files, then stops it (SIGSTOP) for longer than the
-//! kernel's request timeout, so that the kernel gives the connection up
-//! and the continued daemon must reconnect on the kernel's LINK_DEAD
+//! writer writes synced files, then stops it (SIGSTOP) until the kernel,
+//! past its request timeout, gives the connection up (the guest waits
+//! for the kernel's log line: how long that takes depends on whether the
+//! stop caught a request still being sent), and the continued daemon
+//! must reconnect on the kernel's LINK_DEAD
 //! event. Then the volume grows over the REST API while the ext4 is
 //! mounted and the writer writes: the daemon, following the cluster
 //! state, gives the device the new size (NBD_CMD_RECONFIGURE) on its live
