@@ -10,15 +10,15 @@
 //! past its request timeout, gives the connection up (the guest waits
 //! for the kernel's log line: how long that takes depends on whether the
 //! stop caught a request still being sent), and the continued daemon
-//! must reconnect on the kernel's LINK_DEAD
-//! event. Then the volume grows over the REST API while the ext4 is
-//! mounted and the writer writes: the daemon, following the cluster
-//! state, gives the device the new size (NBD_CMD_RECONFIGURE) on its live
-//! connection, /sys/block/nbdN/size shows it, a read past the old end
-//! succeeds, and resize2fs grows the mounted ext4 (df shows it). The same
-//! for a second volume with xfs, attached first as every CSI volume is,
-//! so that its replication engine takes the new size while it runs (the
-//! guest checks the engine's log line) before the device grows
+//! must reconnect on the kernel's LINK_DEAD event. Then the volume grows
+//! over the REST API while the ext4 is mounted and the writer writes: the
+//! daemon, following the cluster state, gives the device the new size
+//! (NBD_CMD_RECONFIGURE) on its live connection, /sys/block/nbdN/size
+//! shows it, a read past the old end succeeds, and resize2fs grows the
+//! mounted ext4 (df shows it). The same for a second volume with xfs,
+//! attached first as every CSI volume is, so that its replication engine
+//! takes the new size while it runs (the guest checks the engine's log
+//! line) before the device grows
 //! (xfs_growfs, then xfs_repair -n and the files' checksums).
 //! It checks that the writer did not fail (its I/O paused until
 //! the daemon reconnected the device, both times), that every file
