@@ -50,12 +50,12 @@ sectors_written() {
     awk -v d="$1" '$3 == d { print $10; exit }' /proc/diskstats
 }
 
-# bytes_of SIZE: the bytes of a size such as 2G, 512M or 1GiB.
 # median of the arguments (numbers); the lower one of an even count's two.
 median() {
     printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'
 }
 
+# bytes_of SIZE: the bytes of a size such as 2G, 512M or 1GiB.
 bytes_of() {
     python3 -c "
 import sys,re
