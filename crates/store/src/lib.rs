@@ -46,8 +46,8 @@ pub use disk::{Disk, FileDisk};
 #[cfg(feature = "bug-switches")]
 pub use engine::BugSwitches;
 pub use engine::{
-    AdmissionWait, Background, EngineOptions as PoolOptions, Journaled, StallStats, Step,
-    WaitTotal, WritePathStats,
+    AdmissionWait, Background, EngineOptions as PoolOptions, HeldWrite, Journaled, StallStats,
+    Step, WaitTotal, WritePathStats,
 };
 pub use error::StoreError;
 pub use pool::{

@@ -1,7 +1,7 @@
 //! [`Volume`]: one thin volume of a pool, served as a [`BlockTarget`];
 //! [`SnapshotView`]: one of its snapshots, read-only.
 
-use crate::engine::{Engine, View};
+use crate::engine::{Engine, HeldWrite, View};
 use crate::StoreError;
 use std::sync::Arc;
 use trireme_types::{
@@ -37,6 +37,17 @@ impl Volume {
     /// write here, `data` is kept as it is, shared with the caller.
     pub fn write_now(&self, offset: u64, data: Arc<BlockBuf>) -> Result<(), TargetError> {
         self.engine.write_now(self.id, offset, data)
+    }
+
+    /// [`Volume::write_now`] in two steps, for a caller that answers the
+    /// write once it is admitted and only then writes it (see
+    /// [`HeldWrite`]).
+    pub fn admit_now(
+        &self,
+        offset: u64,
+        data: Arc<BlockBuf>,
+    ) -> Result<Option<HeldWrite<'_>>, TargetError> {
+        self.engine.admit_now(self.id, offset, data)
     }
 
     /// [`BlockTarget::write`] of data the caller shares: a replicated

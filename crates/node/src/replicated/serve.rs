@@ -10,7 +10,10 @@
 //! journal writer is idle, and, while the primary flushes often, runs the
 //! device flush before it waits for the next message, so the flush that
 //! follows is answered at once: no other thread is woken on the way of a
-//! synchronous write (`Volume::write_now`, `Volume::sync_ahead`).
+//! synchronous write (`Volume::write_now`, `Volume::sync_ahead`). It
+//! answers such a write once the store has admitted it, before its journal
+//! write (`Volume::admit_now`): a write's answer promises no durability,
+//! only the flush's does, and the flush is read after the journal write.
 
 use std::collections::BTreeMap;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -21,7 +24,7 @@ use trireme_replication::driver::replica::{self, DurableSide, ReplicaDriver, Rep
 use trireme_replication::{
     BlockHash, FromReplica, Payload, ReadData, ReplicaError, ReplicaSide, ToReplica,
 };
-use trireme_store::Volume;
+use trireme_store::{HeldWrite, Volume};
 use trireme_types::{BlockTarget, Generation, SnapshotId, TargetError, VolumeName, ZeroFlags};
 
 use super::clock::Clock;
@@ -277,7 +280,8 @@ impl ReplicaService {
                     ))
                 }
             };
-            let (reply, close) = self.handle(name, volume.as_deref(), &side, link, message);
+            let (reply, close, held) =
+                self.handle_answer_first(name, volume.as_deref(), &side, link, message);
             if let Some(reply) = reply {
                 out.clear();
                 push_frame(&mut out, |body| reply.encode(body));
@@ -289,6 +293,11 @@ impl ReplicaService {
                 if let Err(error) = writer.flush() {
                     break Err(error);
                 }
+            }
+            // The write was answered once admitted; it reaches the journal
+            // now, before the next message is read.
+            if let Some(held) = held {
+                finish_held(name, held);
             }
             if close {
                 break Ok(());
@@ -317,6 +326,31 @@ impl ReplicaService {
         link: u64,
         message: ToReplica,
     ) -> (Option<FromReplica>, bool) {
+        let (reply, close, held) = self.handle_answer_first(name, volume, side, link, message);
+        if let Some(held) = held {
+            finish_held(name, held);
+        }
+        (reply, close)
+    }
+
+    /// [`ReplicaService::handle`], except that a small plain write is
+    /// answered as soon as the store has admitted it, and handed back to
+    /// be written to the journal after the answer is sent: the primary
+    /// then waits for this copy's receive and admission only, not for its
+    /// device writes. This keeps the protocol's contract (a write's answer
+    /// says it is in this copy's volatile state, in order; only a flush's
+    /// answer says it is durable, and the flush is handled after the
+    /// write reached the journal): a crash in between loses it as it would
+    /// lose any unflushed write, and a device error fails the pool, so
+    /// the flush that follows fails.
+    fn handle_answer_first<'v>(
+        &self,
+        name: &VolumeName,
+        volume: Option<&'v Volume>,
+        side: &Mutex<ReplicaSide>,
+        link: u64,
+        message: ToReplica,
+    ) -> (Option<FromReplica>, bool, Option<HeldWrite<'v>>) {
         // A hello put off is handled again, as it was, once the wait is over.
         let hello = matches!(message, ToReplica::Hello { .. }).then(|| message.clone());
         let mut message = Some(message);
@@ -330,8 +364,8 @@ impl ReplicaService {
                 .driver
                 .receive(&mut side, link, next, now, volume.is_some())
             {
-                Step::Reply(reply) => return (Some(reply), false),
-                Step::Refuse(refusal) => return (Some(refusal), true),
+                Step::Reply(reply) => return (Some(reply), false, None),
+                Step::Refuse(refusal) => return (Some(refusal), true, None),
                 Step::Wait { until_ms } => {
                     // A former primary may still hold a read lease from
                     // this copy: this link waits (older ones are refused
@@ -343,9 +377,9 @@ impl ReplicaService {
                 Step::Welcome { durable, welcome } => {
                     if let Err(error) = self.persist(name, durable) {
                         tracing::error!(%error, volume = %name, "cannot persist the accepted generation; refusing the primary");
-                        return (None, true);
+                        return (None, true, None);
                     }
-                    return (Some(welcome), false);
+                    return (Some(welcome), false, None);
                 }
                 Step::Close { durable } => {
                     if let Some(durable) = durable {
@@ -353,18 +387,19 @@ impl ReplicaService {
                             tracing::warn!(%error, volume = %name, "cannot record the clean detach");
                         }
                     }
-                    return (None, true);
+                    return (None, true, None);
                 }
                 Step::DataForTiebreaker => {
                     // A primary never sends data to a tiebreaker; one that
                     // does is confused: close the link.
                     tracing::warn!(volume = %name, "a primary sent data to this tiebreaker; closing the link");
-                    return (None, true);
+                    return (None, true, None);
                 }
                 Step::Store(message) => {
                     drop(side);
                     let volume = volume.expect("the driver sends data only to a copy");
-                    return (Some(execute(volume, message)), false);
+                    let (reply, held) = execute_answer_first(volume, message);
+                    return (Some(reply), false, held);
                 }
             }
         }
@@ -374,6 +409,53 @@ impl ReplicaService {
 /// Carries out an admitted message on the volume's copy.
 pub(super) fn execute(volume: &Volume, message: ToReplica) -> FromReplica {
     replica::execute(&StoreCopy(volume), message)
+}
+
+/// [`execute`], except that a small plain write inside the volume is only
+/// admitted: its answer, and what is left to write (see
+/// [`ReplicaService::handle_answer_first`]).
+fn execute_answer_first(
+    volume: &Volume,
+    message: ToReplica,
+) -> (FromReplica, Option<HeldWrite<'_>>) {
+    match message {
+        ToReplica::Write {
+            seq,
+            offset,
+            payload: Payload::Data(data),
+            fua: false,
+            ..
+        } if offset
+            .checked_add(data.len() as u64)
+            .is_some_and(|end| end <= volume.size_bytes()) =>
+        {
+            match volume.admit_now(offset, data) {
+                Ok(held) => (
+                    FromReplica::Ack {
+                        seq,
+                        result: Ok(()),
+                    },
+                    held,
+                ),
+                Err(error) => (
+                    FromReplica::Ack {
+                        seq,
+                        result: Err(replica_error(error)),
+                    },
+                    None,
+                ),
+            }
+        }
+        message => (execute(volume, message), None),
+    }
+}
+
+/// Writes an answered write's record to the journal. A failure has failed
+/// the pool: logged here, and reported by the flush that follows.
+fn finish_held(name: &VolumeName, held: HeldWrite<'_>) {
+    if let Err(error) = held.finish() {
+        tracing::error!(%error, volume = %name, "an answered write did not reach the journal; the pool has failed and the next flush reports it");
+    }
 }
 
 /// The store's copy of a volume, as the replica driver carries messages

@@ -30,6 +30,7 @@ pub use read::View;
 pub use replay::open_engine;
 pub use stalls::{AdmissionWait, StallStats, WaitTotal};
 pub use steps::Step;
+pub use write::HeldWrite;
 pub use writeback::run_writeback;
 use writeback::WritebackQueue;
 

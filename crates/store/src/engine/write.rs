@@ -48,6 +48,35 @@ enum Admit {
     WaitWriteNow,
 }
 
+/// An admitted write whose record the caller's thread still has to put in
+/// the journal ([`Engine::admit_now`]). It holds the pool's writing role:
+/// nothing else reaches the journal until it is finished, so finish it
+/// soon. Dropping it writes the record too, so the role always comes back.
+#[must_use = "the record must be written: call finish"]
+pub struct HeldWrite<'a> {
+    engine: &'a Engine,
+    record: Option<Arc<Record>>,
+}
+
+impl HeldWrite<'_> {
+    /// Writes the record (and gives the writing role back).
+    pub fn finish(mut self) -> Result<(), TargetError> {
+        match self.record.take() {
+            Some(record) => self.engine.write_holding_role(record),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for HeldWrite<'_> {
+    fn drop(&mut self) {
+        if let Some(record) = self.record.take() {
+            // A failed write has failed the pool; the next flush says so.
+            let _ = self.engine.write_holding_role(record);
+        }
+    }
+}
+
 /// Records up to this size are written on the caller's thread: small
 /// writes, where the hand-off to the journal writer is the larger cost.
 /// Larger ones keep the journal writer's batching (the bound is a choice,
@@ -302,15 +331,38 @@ impl Engine {
         offset: u64,
         data: Arc<BlockBuf>,
     ) -> Result<(), TargetError> {
+        match self.admit_now(volume, offset, data)? {
+            Some(held) => held.finish(),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Engine::write_now`] in two steps: the write is admitted (ordered
+    /// after every record before it, visible to reads, covered by the next
+    /// flush: it may be acknowledged) when this returns, and a
+    /// [`HeldWrite`] says this thread still has to put it in the journal.
+    /// A replica's link answers the write in between, so that its answer
+    /// does not wait for the device write. A device error in
+    /// [`HeldWrite::finish`] fails the pool, and the flush that must follow
+    /// reports it.
+    pub fn admit_now(
+        &self,
+        volume: VolumeId,
+        offset: u64,
+        data: Arc<BlockBuf>,
+    ) -> Result<Option<HeldWrite<'_>>, TargetError> {
         if data.is_empty()
             || !whole_blocks(offset, &data)
             || data.len() as u64 > WRITE_NOW_MAX_BYTES
         {
-            return self.write(volume, offset, data, false);
+            return self.write(volume, offset, data, false).map(|()| None);
         }
         match self.admit_blocks(volume, offset, data, Admit::WaitWriteNow)? {
-            Admission::Admitted(_) => Ok(()),
-            Admission::AdmittedToWrite(record) => self.write_holding_role(record),
+            Admission::Admitted(_) => Ok(None),
+            Admission::AdmittedToWrite(record) => Ok(Some(HeldWrite {
+                engine: self,
+                record: Some(record),
+            })),
             Admission::WouldWait(_) => unreachable!("blocking admission waits"),
         }
     }

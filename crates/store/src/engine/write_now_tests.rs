@@ -299,3 +299,73 @@ fn the_applier_is_woken_only_for_a_batch_of_written_records() {
     volume.read(offset, &mut read).unwrap();
     assert!(read.iter().all(|b| *b == 3));
 }
+
+#[test]
+fn an_admitted_write_is_read_at_once_and_flushes_wait_for_its_journal_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(dir.path());
+    let volume = volume(&pool);
+    until_journal_idle(&volume);
+    let held = volume
+        .admit_now(8192, block(5).into())
+        .unwrap()
+        .expect("the journal writer is idle: this thread writes the record");
+    let sequence = {
+        let state = volume.engine.lock();
+        assert!(state.writing, "the writing role is held");
+        assert_eq!(
+            state.written_sequence + 2,
+            state.next_sequence,
+            "not written yet"
+        );
+        state.next_sequence - 1
+    };
+    // Admitted is visible: a replica answers the write here, and a read
+    // that follows must see it.
+    let mut back = vec![0u8; 4096];
+    volume.read(8192, &mut back).unwrap();
+    assert!(back.iter().all(|byte| *byte == 5));
+    // A flush covers every admitted write, so it waits for this one.
+    let flushed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let volume = volume.clone();
+        let flushed = flushed.clone();
+        std::thread::spawn(move || {
+            volume.flush().unwrap();
+            flushed.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !flushed.load(std::sync::atomic::Ordering::SeqCst),
+        "a flush answered before an admitted write reached the journal"
+    );
+    held.finish().unwrap();
+    flusher.join().unwrap();
+    let state = volume.engine.lock();
+    assert!(state.durable_sequence >= sequence);
+    assert!(!state.writing, "the role is given back");
+}
+
+#[test]
+fn a_held_write_dropped_unfinished_is_still_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(dir.path());
+    let volume = volume(&pool);
+    until_journal_idle(&volume);
+    let held = volume.admit_now(0, block(3).into()).unwrap();
+    assert!(held.is_some(), "the journal writer was idle");
+    drop(held);
+    {
+        let state = volume.engine.lock();
+        assert_eq!(state.written_sequence + 1, state.next_sequence);
+        assert!(!state.writing, "the role is given back");
+    }
+    // The journal writer takes the next writes as before.
+    volume.write(4096, block(4), false).unwrap();
+    volume.flush().unwrap();
+    let mut back = vec![0u8; 8192];
+    volume.read(0, &mut back).unwrap();
+    assert!(back[..4096].iter().all(|byte| *byte == 3));
+    assert!(back[4096..].iter().all(|byte| *byte == 4));
+}
