@@ -259,7 +259,7 @@ impl ReplicaService {
         name: &VolumeName,
         volume: Option<Arc<Volume>>,
         reader: impl Read,
-        writer: impl Write,
+        writer: TcpStream,
     ) -> std::io::Result<()> {
         let side = self
             .side(name)
@@ -280,12 +280,32 @@ impl ReplicaService {
                     ))
                 }
             };
-            let (reply, close, held) =
+            let (reply, close, mut held) =
                 self.handle_answer_first(name, volume.as_deref(), &side, link, message);
             if let Some(reply) = reply {
                 out.clear();
                 push_frame(&mut out, |body| reply.encode(body));
-                if let Err(error) = writer.write_all(&out) {
+                let mut rest = &out[..];
+                if held.is_some() {
+                    // This thread holds the pool's writing role, which must
+                    // never wait on the primary: the answer goes ahead of
+                    // the journal write only when it would be sent now
+                    // anyway and the socket takes it without waiting.
+                    // Otherwise the write reaches the journal first, as
+                    // before answers went ahead.
+                    if reader.buffer().is_empty() && writer.buffer().is_empty() {
+                        match send_without_waiting(writer.get_ref(), rest) {
+                            Ok(sent) => rest = &rest[sent..],
+                            Err(error) => break Err(error),
+                        }
+                    }
+                    if !rest.is_empty() {
+                        if let Some(held) = held.take() {
+                            finish_held(name, held);
+                        }
+                    }
+                }
+                if let Err(error) = writer.write_all(rest) {
                     break Err(error);
                 }
             }
@@ -450,6 +470,33 @@ fn execute_answer_first(
     }
 }
 
+/// Sends what of `bytes` the socket takes without waiting: how many bytes
+/// that was (0 when its buffer is full).
+fn send_without_waiting(stream: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: `bytes` is a live slice of `bytes.len()` bytes, and the
+        // descriptor belongs to `stream`, which outlives the call.
+        let sent = unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if sent >= 0 {
+            return Ok(sent as usize);
+        }
+        let error = std::io::Error::last_os_error();
+        match error.kind() {
+            std::io::ErrorKind::WouldBlock => return Ok(0),
+            std::io::ErrorKind::Interrupted => continue,
+            _ => return Err(error),
+        }
+    }
+}
+
 /// Writes an answered write's record to the journal. A failure has failed
 /// the pool: logged here, and reported by the flush that follows.
 fn finish_held(name: &VolumeName, held: HeldWrite<'_>) {
@@ -584,6 +631,28 @@ fn read(volume: &Volume, offset: u64, length: u64) -> Result<ReadData, ReplicaEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A link thread holding the pool's writing role never waits on the
+    /// primary: against a peer that reads nothing, sending without waiting
+    /// fills the socket and then reports that it took nothing.
+    #[test]
+    fn sending_without_waiting_stops_at_a_full_socket() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (_peer, _) = listener.accept().unwrap();
+        let chunk = vec![7u8; 64 << 10];
+        let mut taken = 0usize;
+        // Loopback buffers hold a few MiB at most: 1 GiB is never reached.
+        for _ in 0..(16 << 10) {
+            let sent = send_without_waiting(&stream, &chunk).unwrap();
+            if sent == 0 {
+                assert!(taken > 0, "an empty socket took nothing");
+                return;
+            }
+            taken += sent;
+        }
+        panic!("the socket took {taken} bytes without ever being full");
+    }
 
     /// The store's errors reach the primary by kind, never by what their
     /// text happens to say.
