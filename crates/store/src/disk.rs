@@ -43,6 +43,12 @@ pub trait Disk: Send + Sync {
     /// it (a device written directly takes the writes in parallel).
     fn parallel_chunk_writes(&self) -> bool;
 
+    /// True if [`Disk::write_chunks_at`] leaves nothing in the page cache
+    /// (`O_DIRECT`): no write-back to start for what it wrote.
+    fn chunk_writes_bypass_cache(&self) -> bool {
+        false
+    }
+
     /// Makes every write that returned before this call durable
     /// (`fdatasync`). After an error nothing unsynced can be trusted.
     fn sync_data(&self) -> io::Result<()>;
@@ -136,6 +142,10 @@ impl Disk for FileDisk {
     }
 
     fn parallel_chunk_writes(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    fn chunk_writes_bypass_cache(&self) -> bool {
         self.direct.is_some()
     }
 

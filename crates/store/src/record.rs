@@ -145,6 +145,21 @@ impl Record {
         matches!(&self.body, RecordBody::Write { direct, .. } if !direct.is_empty())
     }
 
+    /// A direct write of whole, aligned chunks: its data goes to the
+    /// device with `O_DIRECT`, after the batch's buffered direct data
+    /// (docs/store-format.md, *Which writes*).
+    pub fn is_direct_whole_chunks(&self) -> bool {
+        self.is_direct() && self.covers_whole_chunks()
+    }
+
+    /// Starts and ends on chunk boundaries (and covers something).
+    pub fn covers_whole_chunks(&self) -> bool {
+        use crate::layout::BLOCKS_PER_CHUNK;
+        self.block_count > 0
+            && self.first_block.is_multiple_of(BLOCKS_PER_CHUNK)
+            && self.block_count.is_multiple_of(BLOCKS_PER_CHUNK)
+    }
+
     /// A record whose apply writes nothing over data a crash could still
     /// need, so it may be applied once it is in the journal file, before a
     /// device flush makes it durable: a redirect fills fresh chunks no map

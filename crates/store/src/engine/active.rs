@@ -131,7 +131,9 @@ impl Engine {
     /// checkpoint (replay would write that older data over this write's),
     /// or being copied, a record other than a direct write is
     /// pending in a chunk (a trim or redirect may remap it, and a journaled
-    /// write applied later would overwrite this one's data in place), or a
+    /// write applied later would overwrite this one's data in place), a
+    /// whole-chunk direct write is pending in a chunk this write covers
+    /// only in part (its data reaches the device after this one's), or a
     /// region is not active (then it asks for it, and this write takes the
     /// journal).
     pub(super) fn direct_chunks(
@@ -153,11 +155,15 @@ impl Engine {
         let pending = volume_state
             .overlay
             .lookup(first_chunk * BLOCKS_PER_CHUNK, end_chunk * BLOCKS_PER_CHUNK);
+        // A pending whole-chunk direct write goes to the device after the
+        // buffered direct data of its batch: a later write that is not
+        // whole chunks would end up under it.
+        let whole_chunks = first_block.is_multiple_of(BLOCKS_PER_CHUNK)
+            && block_count.is_multiple_of(BLOCKS_PER_CHUNK);
         if pending.iter().any(|segment| {
-            segment
-                .record
-                .as_ref()
-                .is_some_and(|record| !record.is_direct())
+            segment.record.as_ref().is_some_and(|record| {
+                !record.is_direct() || (!whole_chunks && record.is_direct_whole_chunks())
+            })
         }) {
             return Err(Journaled::PendingRecord);
         }

@@ -733,7 +733,8 @@ impl Engine {
 
     /// A pass's in-place data `(device offset, length)`, for write-back:
     /// copies, writes, and the data direct writes of `batch` put in place
-    /// through the page cache before their records (`writeback`).
+    /// through the page cache before their records (`writeback`); not
+    /// whole chunks written with `O_DIRECT`, which left nothing there.
     fn pass_extents(
         &self,
         copies: &[CopyBlocks],
@@ -750,7 +751,11 @@ impl Engine {
         for write in writes {
             extents.push((write.device_offset, write.blocks as u64 * BLOCK_BYTES));
         }
+        let bypassed = self.disk.chunk_writes_bypass_cache();
         for record in batch {
+            if bypassed && record.is_direct_whole_chunks() {
+                continue;
+            }
             if let RecordBody::Write { direct, .. } = &record.body {
                 for (device_offset, range) in direct_runs(&self.layout, record, direct) {
                     extents.push((device_offset, range.len() as u64));

@@ -199,6 +199,26 @@ impl Engine {
                     // Records are laid out at 64-byte boundaries.
                     payload.resize((record.journal_bytes - HEADER_BYTES) as usize, 0);
                     payloads.push(payload);
+                } else if record.is_direct_whole_chunks() {
+                    // Whole chunks in place: like fresh chunks, with
+                    // `O_DIRECT` from the request's buffer, after every
+                    // buffered write of the batch (docs/store-format.md,
+                    // *Which writes*).
+                    fresh.extend(
+                        direct
+                            .iter()
+                            .enumerate()
+                            .map(|(index, physical)| DirectPiece {
+                                device_offset: self.layout.data_offset
+                                    + *physical as u64 * CHUNK_BYTES,
+                                record: record.clone(),
+                                from: index * CHUNK_BYTES as usize,
+                                bytes: CHUNK_BYTES as usize,
+                            }),
+                    );
+                    let mut payload = encode_redirect_payload(direct, block_crcs);
+                    payload.resize((record.journal_bytes - HEADER_BYTES) as usize, 0);
+                    payloads.push(payload);
                 } else if !direct.is_empty() {
                     // In place through the page cache, in batch order (a
                     // block two writes of the batch write ends with the
@@ -216,6 +236,7 @@ impl Engine {
                 }
             }
         }
+        let mut fresh = last_write_of_each_chunk(fresh);
         let split = fresh.len() >= DIRECT_SPLIT_MIN_CHUNKS;
         match helper {
             Some(helper) if split => {
@@ -306,6 +327,25 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// The batch's whole-chunk writes without those a later one of the batch
+/// writes again: the shares are written in parallel, so only one write
+/// of a chunk may be among them, the last (a chunk written in place twice
+/// in one batch; fresh chunks are all distinct). The overlay sends reads
+/// of those blocks to the later record already.
+fn last_write_of_each_chunk(mut pieces: Vec<DirectPiece>) -> Vec<DirectPiece> {
+    let mut seen = std::collections::HashSet::with_capacity(pieces.len());
+    let mut keep = vec![false; pieces.len()];
+    for (index, piece) in pieces.iter().enumerate().rev() {
+        keep[index] = seen.insert(piece.device_offset);
+    }
+    if keep.iter().all(|kept| *kept) {
+        return pieces;
+    }
+    let mut keep = keep.into_iter();
+    pieces.retain(|_| keep.next().expect("one flag per piece"));
+    pieces
 }
 
 /// A batch with at least this many fresh chunks is shared with the

@@ -605,6 +605,8 @@ impl Engine {
 #[cfg(test)]
 mod admission_tests;
 #[cfg(test)]
+mod in_place_tests;
+#[cfg(test)]
 mod write_now_tests;
 
 /// A chunk no map needs any more, waiting for the checkpoint that commits

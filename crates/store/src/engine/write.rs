@@ -453,15 +453,7 @@ impl Engine {
                 self.leave_admission_queue(&mut state, ticket);
                 return Err(error);
             }
-            // Whole chunks go to fresh chunks when there are enough; in a
-            // full pool they overwrite in place through the journal instead,
-            // which needs no new space.
             let available = state.allocator.free_count() - state.reserved_chunks;
-            let redirect = whole_chunks && available >= block_count / BLOCKS_PER_CHUNK;
-            if whole_chunks && !state.checkpoint_wanted && Engine::frees_waiting(&state) {
-                state.checkpoint_wanted = true;
-                self.applier_wake.notify_all();
-            }
             let size = match state.live_volume(volume) {
                 Ok(volume_state) => volume_state.record.size_bytes,
                 Err(error) => {
@@ -477,15 +469,28 @@ impl Engine {
                     block_count * BLOCK_BYTES
                 )));
             }
-            let direct = match &body {
-                RecordBody::Write { .. } if !redirect && !direct_ok => {
-                    Some(Err(Journaled::NotWholeBlocks))
-                }
-                RecordBody::Write { .. } if !redirect => {
+            // Whole chunks overwrite in place when the rules for direct
+            // writes allow it, else go to fresh chunks while there are
+            // enough; in a full pool they overwrite in place through the
+            // journal instead, which needs no new space
+            // (docs/store-format.md, *Which writes*).
+            let mut direct = match &body {
+                RecordBody::Write { .. } if !direct_ok => Some(Err(Journaled::NotWholeBlocks)),
+                RecordBody::Write { .. } => {
                     Some(self.direct_chunks(&mut state, volume, first_block, block_count))
                 }
                 _ => None,
             };
+            let wants_fresh = whole_chunks && !matches!(direct, Some(Ok(_)));
+            let redirect = wants_fresh && available >= block_count / BLOCKS_PER_CHUNK;
+            if redirect {
+                // Not a small write: not counted in the write path's stats.
+                direct = None;
+            }
+            if wants_fresh && !state.checkpoint_wanted && Engine::frees_waiting(&state) {
+                state.checkpoint_wanted = true;
+                self.applier_wake.notify_all();
+            }
             let journal_bytes = if redirect {
                 record_journal_bytes(redirect_payload_bytes(block_count))
             } else if matches!(direct, Some(Ok(_))) {

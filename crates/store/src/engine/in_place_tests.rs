@@ -1,0 +1,205 @@
+//! Whole-chunk overwrites go in place, once (docs/store-format.md, *Which
+//! writes*): the chunk stays where it is, nothing is allocated or freed,
+//! and the last write of a block is the one on the device.
+
+use super::active::Journaled;
+use crate::layout::CHUNK_BYTES;
+use crate::{Pool, PoolConfig, Volume};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use trireme_types::{BlockBuf, BlockTarget, DeviceClass, PoolId, PoolName, VolumeName};
+
+const MIB: u64 = 1 << 20;
+
+fn config(dir: &std::path::Path) -> PoolConfig {
+    PoolConfig {
+        name: PoolName::new("test").unwrap(),
+        id: PoolId(1),
+        class: DeviceClass::Ssd,
+        device_path: dir.join("pool.img"),
+        metadata_path: dir.join("meta/metadata.redb"),
+        size_bytes: Some(64 * MIB),
+        preallocate: false,
+        force: false,
+    }
+}
+
+fn reopen(dir: &std::path::Path) -> Arc<Pool> {
+    let config = config(dir);
+    Pool::open(&config.device_path, &config.metadata_path).unwrap()
+}
+
+fn filled(seed: u8, bytes: u64) -> Arc<BlockBuf> {
+    Arc::new(vec![seed; bytes as usize].into())
+}
+
+fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn physical(volume: &Volume, chunk: u64) -> u32 {
+    let state = volume.engine.lock();
+    state.volumes[&volume.id]
+        .map
+        .get(chunk)
+        .expect("mapped")
+        .physical
+}
+
+/// A volume whose first `chunks` chunks are written, checkpointed and in
+/// an active region: whole-chunk overwrites there may go in place. The
+/// first write of each chunk is redirected (unmapped); the next one after
+/// a checkpoint asks for the region; the applier activates it.
+fn ready_volume(pool: &Pool, chunks: u64) -> Arc<Volume> {
+    let name = VolumeName::new("v").unwrap();
+    pool.create_volume(&name, 16 * MIB).unwrap();
+    let volume = pool.open_volume(&name).unwrap();
+    volume
+        .write_shared(0, filled(1, chunks * CHUNK_BYTES), false)
+        .unwrap();
+    pool.sync().unwrap();
+    let region = crate::active_set::region_of(physical(&volume, 0));
+    volume
+        .write_shared(0, filled(1, chunks * CHUNK_BYTES), false)
+        .unwrap();
+    until("the region is active", || {
+        volume.engine.lock().active_regions.contains(&region)
+    });
+    pool.sync().unwrap();
+    volume
+}
+
+fn read(volume: &Volume, offset: u64, bytes: u64) -> Vec<u8> {
+    let mut back = vec![0u8; bytes as usize];
+    volume.read(offset, &mut back).unwrap();
+    back
+}
+
+#[test]
+fn a_written_chunk_overwritten_whole_stays_where_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::create(config(dir.path())).unwrap();
+    let volume = ready_volume(&pool, 2);
+    let before = (physical(&volume, 0), physical(&volume, 1));
+    let direct = pool.direct_writes();
+    let free = volume.engine.lock().allocator.free_count();
+    volume
+        .write_shared(0, filled(7, 2 * CHUNK_BYTES), false)
+        .unwrap();
+    volume.flush().unwrap();
+    pool.sync().unwrap();
+    assert_eq!(pool.direct_writes(), direct + 1, "went in place");
+    assert_eq!((physical(&volume, 0), physical(&volume, 1)), before);
+    assert_eq!(
+        volume.engine.lock().allocator.free_count(),
+        free,
+        "nothing allocated, nothing freed"
+    );
+    assert!(read(&volume, 0, 2 * CHUNK_BYTES)
+        .iter()
+        .all(|byte| *byte == 7));
+    drop(volume);
+    pool.shutdown().unwrap();
+    drop(pool);
+    let pool = reopen(dir.path());
+    let volume = pool.open_volume(&VolumeName::new("v").unwrap()).unwrap();
+    assert!(read(&volume, 0, 2 * CHUNK_BYTES)
+        .iter()
+        .all(|byte| *byte == 7));
+    assert!(pool.scan().unwrap().is_clean());
+}
+
+/// The journal writer cuts a batch's whole chunks into shares written in
+/// parallel: a chunk written whole twice in one batch must end with the
+/// later data, on the device and after a replay. Eight chunks twice, so
+/// the batch is shared out (`DIRECT_SPLIT_MIN_CHUNKS`).
+#[test]
+fn a_chunk_written_whole_twice_in_one_batch_keeps_the_later_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::create(config(dir.path())).unwrap();
+    let volume = ready_volume(&pool, 8);
+    let direct = pool.direct_writes();
+    until("the journal writer idles", || {
+        let state = volume.engine.lock();
+        state.journal_idle && state.written_sequence + 1 == state.next_sequence
+    });
+    // Holds the writing role: both writes below wait in one batch.
+    let held = volume
+        .admit_now(12 * MIB, filled(9, 4096))
+        .unwrap()
+        .expect("the journal writer is idle");
+    for seed in [2u8, 3] {
+        volume
+            .write_shared(0, filled(seed, 8 * CHUNK_BYTES), false)
+            .unwrap();
+    }
+    assert_eq!(pool.direct_writes(), direct + 2, "both went in place");
+    held.finish().unwrap();
+    volume.flush().unwrap();
+    pool.sync().unwrap();
+    // Applied: the overlay is empty, this reads the device's data.
+    assert!(read(&volume, 0, 8 * CHUNK_BYTES)
+        .iter()
+        .all(|byte| *byte == 3));
+    drop(volume);
+    pool.shutdown().unwrap();
+    drop(pool);
+    let pool = reopen(dir.path());
+    let volume = pool.open_volume(&VolumeName::new("v").unwrap()).unwrap();
+    assert!(read(&volume, 0, 8 * CHUNK_BYTES)
+        .iter()
+        .all(|byte| *byte == 3));
+    assert!(pool.scan().unwrap().is_clean());
+}
+
+/// A write of part of a chunk does not go in place while a whole-chunk
+/// direct write of that chunk is pending: the journal writer writes the
+/// buffered one first and the whole chunk after it, which would put the
+/// older data last. It takes the journal, and lands on top.
+#[test]
+fn a_partial_write_behind_a_pending_whole_chunk_write_takes_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::create(config(dir.path())).unwrap();
+    let volume = ready_volume(&pool, 1);
+    let pending_before = volume
+        .engine
+        .lock()
+        .write_path
+        .journaled(Journaled::PendingRecord);
+    pool.pause_applier(true);
+    volume
+        .write_shared(0, filled(4, CHUNK_BYTES), false)
+        .unwrap();
+    volume
+        .write_shared(3 * 4096, filled(5, 4096), false)
+        .unwrap();
+    assert_eq!(
+        volume
+            .engine
+            .lock()
+            .write_path
+            .journaled(Journaled::PendingRecord),
+        pending_before + 1
+    );
+    pool.pause_applier(false);
+    volume.flush().unwrap();
+    pool.sync().unwrap();
+    let expect = |back: &[u8]| {
+        for (block, data) in back.chunks(4096).enumerate() {
+            let seed = if block == 3 { 5 } else { 4 };
+            assert!(data.iter().all(|byte| *byte == seed), "block {block}");
+        }
+    };
+    expect(&read(&volume, 0, CHUNK_BYTES));
+    drop(volume);
+    pool.shutdown().unwrap();
+    drop(pool);
+    let pool = reopen(dir.path());
+    let volume = pool.open_volume(&VolumeName::new("v").unwrap()).unwrap();
+    expect(&read(&volume, 0, CHUNK_BYTES));
+    assert!(pool.scan().unwrap().is_clean());
+}
