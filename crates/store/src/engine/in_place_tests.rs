@@ -73,6 +73,24 @@ fn ready_volume(pool: &Pool, chunks: u64) -> Arc<Volume> {
     volume
 }
 
+/// Shuts the pool down, opens it again (replay) and hands `check` what
+/// the volume's first `bytes` read; the pool's scan must be clean.
+fn after_reopen(dir: &std::path::Path, pool: Arc<Pool>, bytes: u64, check: impl Fn(&[u8])) {
+    let volume = pool.open_volume(&VolumeName::new("v").unwrap()).unwrap();
+    check(&read(&volume, 0, bytes));
+    drop(volume);
+    pool.shutdown().unwrap();
+    drop(pool);
+    let pool = reopen(dir);
+    let volume = pool.open_volume(&VolumeName::new("v").unwrap()).unwrap();
+    check(&read(&volume, 0, bytes));
+    assert!(pool.scan().unwrap().is_clean());
+}
+
+fn all(seed: u8) -> impl Fn(&[u8]) {
+    move |back: &[u8]| assert!(back.iter().all(|byte| *byte == seed))
+}
+
 fn read(volume: &Volume, offset: u64, bytes: u64) -> Vec<u8> {
     let mut back = vec![0u8; bytes as usize];
     volume.read(offset, &mut back).unwrap();
@@ -99,18 +117,8 @@ fn a_written_chunk_overwritten_whole_stays_where_it_is() {
         free,
         "nothing allocated, nothing freed"
     );
-    assert!(read(&volume, 0, 2 * CHUNK_BYTES)
-        .iter()
-        .all(|byte| *byte == 7));
     drop(volume);
-    pool.shutdown().unwrap();
-    drop(pool);
-    let pool = reopen(dir.path());
-    let volume = pool.open_volume(&VolumeName::new("v").unwrap()).unwrap();
-    assert!(read(&volume, 0, 2 * CHUNK_BYTES)
-        .iter()
-        .all(|byte| *byte == 7));
-    assert!(pool.scan().unwrap().is_clean());
+    after_reopen(dir.path(), pool, 2 * CHUNK_BYTES, all(7));
 }
 
 /// The journal writer cuts a batch's whole chunks into shares written in
@@ -141,19 +149,10 @@ fn a_chunk_written_whole_twice_in_one_batch_keeps_the_later_data() {
     held.finish().unwrap();
     volume.flush().unwrap();
     pool.sync().unwrap();
-    // Applied: the overlay is empty, this reads the device's data.
-    assert!(read(&volume, 0, 8 * CHUNK_BYTES)
-        .iter()
-        .all(|byte| *byte == 3));
+    // Applied: the overlay is empty, so the first read below reads the
+    // device's data.
     drop(volume);
-    pool.shutdown().unwrap();
-    drop(pool);
-    let pool = reopen(dir.path());
-    let volume = pool.open_volume(&VolumeName::new("v").unwrap()).unwrap();
-    assert!(read(&volume, 0, 8 * CHUNK_BYTES)
-        .iter()
-        .all(|byte| *byte == 3));
-    assert!(pool.scan().unwrap().is_clean());
+    after_reopen(dir.path(), pool, 8 * CHUNK_BYTES, all(3));
 }
 
 /// A write of part of a chunk does not go in place while a whole-chunk
@@ -194,12 +193,6 @@ fn a_partial_write_behind_a_pending_whole_chunk_write_takes_the_journal() {
             assert!(data.iter().all(|byte| *byte == seed), "block {block}");
         }
     };
-    expect(&read(&volume, 0, CHUNK_BYTES));
     drop(volume);
-    pool.shutdown().unwrap();
-    drop(pool);
-    let pool = reopen(dir.path());
-    let volume = pool.open_volume(&VolumeName::new("v").unwrap()).unwrap();
-    expect(&read(&volume, 0, CHUNK_BYTES));
-    assert!(pool.scan().unwrap().is_clean());
+    after_reopen(dir.path(), pool, CHUNK_BYTES, expect);
 }

@@ -185,27 +185,19 @@ impl Engine {
                 direct,
             } = &record.body
             {
-                if !fresh_chunks.is_empty() {
-                    debug_assert_eq!(data.len(), fresh_chunks.len() * CHUNK_BYTES as usize);
-                    fresh.extend(fresh_chunks.iter().enumerate().map(|(index, physical)| {
-                        DirectPiece {
-                            device_offset: self.layout.data_offset + *physical as u64 * CHUNK_BYTES,
-                            record: record.clone(),
-                            from: index * CHUNK_BYTES as usize,
-                            bytes: CHUNK_BYTES as usize,
-                        }
-                    }));
-                    let mut payload = encode_redirect_payload(fresh_chunks, block_crcs);
-                    // Records are laid out at 64-byte boundaries.
-                    payload.resize((record.journal_bytes - HEADER_BYTES) as usize, 0);
-                    payloads.push(payload);
-                } else if record.is_direct_whole_chunks() {
-                    // Whole chunks in place: like fresh chunks, with
-                    // `O_DIRECT` from the request's buffer, after every
+                if !fresh_chunks.is_empty() || record.is_direct_whole_chunks() {
+                    // Whole chunks: a redirect's fresh ones, or in place.
+                    // With `O_DIRECT` from the request's buffer, after every
                     // buffered write of the batch (docs/store-format.md,
                     // *Which writes*).
-                    fresh.extend(
+                    let targets = if fresh_chunks.is_empty() {
                         direct
+                    } else {
+                        fresh_chunks
+                    };
+                    debug_assert_eq!(data.len(), targets.len() * CHUNK_BYTES as usize);
+                    fresh.extend(
+                        targets
                             .iter()
                             .enumerate()
                             .map(|(index, physical)| DirectPiece {
@@ -216,7 +208,8 @@ impl Engine {
                                 bytes: CHUNK_BYTES as usize,
                             }),
                     );
-                    let mut payload = encode_redirect_payload(direct, block_crcs);
+                    let mut payload = encode_redirect_payload(targets, block_crcs);
+                    // Records are laid out at 64-byte boundaries.
                     payload.resize((record.journal_bytes - HEADER_BYTES) as usize, 0);
                     payloads.push(payload);
                 } else if !direct.is_empty() {
