@@ -1,6 +1,6 @@
 //! The journal writer thread: writes admitted records in sequence order,
-//! as many per `pwritev` as are waiting, and the data of redirects to their
-//! fresh chunks.
+//! as many per `pwritev` as are waiting, and the whole chunks they name
+//! (a redirect's fresh chunks, a whole-chunk direct write's own).
 
 use super::active::direct_runs;
 use super::{Engine, State};
@@ -15,7 +15,7 @@ use std::sync::{Arc, MutexGuard};
 /// One thread at a time holds the writing role (`State::writing`): this
 /// one, or a caller of [`Engine::write_now`] that found it idle.
 pub fn run_journal_writer(engine: Arc<Engine>) {
-    // The helpers that write shares of a large batch's fresh chunks beside
+    // The helpers that write shares of a large batch's whole chunks beside
     // this thread (they end, and are joined, when this thread returns).
     let helper = engine
         .disk
@@ -157,7 +157,7 @@ impl Engine {
     }
 
     /// Writes consecutive records (headers and data) with one system call,
-    /// after writing the data of redirects to their fresh chunks. Replay
+    /// after writing the whole chunks they name (see `write_chunks`). Replay
     /// checks that data against the record's crcs, as the kernel may write
     /// the header back before the data.
     fn write_batch(
@@ -172,7 +172,7 @@ impl Engine {
         let mut payloads = Vec::new();
         // Fresh chunks of redirects and in-place blocks of direct writes:
         // written before the records, from the requests' buffers.
-        let mut fresh = Vec::new();
+        let mut chunks = Vec::new();
         for record in batch {
             if record.is_snapshot() {
                 payloads.push(record.snapshot_payload());
@@ -196,18 +196,14 @@ impl Engine {
                         fresh_chunks
                     };
                     debug_assert_eq!(data.len(), targets.len() * CHUNK_BYTES as usize);
-                    fresh.extend(
-                        targets
-                            .iter()
-                            .enumerate()
-                            .map(|(index, physical)| DirectPiece {
-                                device_offset: self.layout.data_offset
-                                    + *physical as u64 * CHUNK_BYTES,
-                                record: record.clone(),
-                                from: index * CHUNK_BYTES as usize,
-                                bytes: CHUNK_BYTES as usize,
-                            }),
-                    );
+                    chunks.extend(targets.iter().enumerate().map(|(index, physical)| {
+                        DirectPiece {
+                            device_offset: self.layout.data_offset + *physical as u64 * CHUNK_BYTES,
+                            record: record.clone(),
+                            from: index * CHUNK_BYTES as usize,
+                            bytes: CHUNK_BYTES as usize,
+                        }
+                    }));
                     let mut payload = encode_redirect_payload(targets, block_crcs);
                     // Records are laid out at 64-byte boundaries.
                     payload.resize((record.journal_bytes - HEADER_BYTES) as usize, 0);
@@ -229,35 +225,35 @@ impl Engine {
                 }
             }
         }
-        let mut fresh = last_write_of_each_chunk(fresh);
-        let split = fresh.len() >= DIRECT_SPLIT_MIN_CHUNKS;
+        let mut chunks = last_write_of_each_chunk(chunks);
+        let split = chunks.len() >= DIRECT_SPLIT_MIN_CHUNKS;
         match helper {
             Some(helper) if split => {
                 // Several writes in flight: the device takes them in
                 // parallel.
-                let share = fresh.len().div_ceil(helper.jobs.len() + 1);
+                let share = chunks.len().div_ceil(helper.jobs.len() + 1);
                 let (reply, answers) = std::sync::mpsc::sync_channel(helper.jobs.len());
                 let mut sent = 0;
                 let mut result = Ok(());
                 for jobs in &helper.jobs {
-                    if fresh.len() <= share {
+                    if chunks.len() <= share {
                         break;
                     }
-                    let theirs = fresh.split_off(fresh.len() - share);
+                    let theirs = chunks.split_off(chunks.len() - share);
                     match jobs.send(DirectJob {
                         chunks: theirs,
                         reply: reply.clone(),
                     }) {
                         Ok(()) => sent += 1,
                         Err(std::sync::mpsc::SendError(job)) => {
-                            result = result.and(self.write_fresh_chunks(&job.chunks))
+                            result = result.and(self.write_chunks(&job.chunks))
                         }
                     }
                 }
                 // Only the helpers' clones remain: one that dies without an
                 // answer then ends the wait below instead of hanging it.
                 drop(reply);
-                result = result.and(self.write_fresh_chunks(&fresh));
+                result = result.and(self.write_chunks(&chunks));
                 for _ in 0..sent {
                     result = result.and(answers.recv().unwrap_or_else(|_| {
                         Err(std::io::Error::other("a direct-write helper ended"))
@@ -265,7 +261,7 @@ impl Engine {
                 }
                 result?;
             }
-            _ => self.write_fresh_chunks(&fresh)?,
+            _ => self.write_chunks(&chunks)?,
         }
         let mut payloads = payloads.iter();
         let mut slices = Vec::with_capacity(batch.len() * 2);
@@ -292,7 +288,7 @@ impl Engine {
             .write_vectored_at(&mut slices, self.journal_physical(batch[0].position))
     }
 
-    /// Writes the batch's whole chunks to their fresh chunks, one system
+    /// Writes the batch's whole chunks (fresh or in place), one system
     /// call per run of consecutive chunks (sequential writes get consecutive
     /// ones, across records). With `O_DIRECT` the device takes each chunk
     /// from the request's own buffer: it is page-aligned ([`BlockBuf`]) and
@@ -300,20 +296,20 @@ impl Engine {
     /// the page cache's copy was the largest cost of large writes.
     ///
     /// [`BlockBuf`]: trireme_types::BlockBuf
-    fn write_fresh_chunks(&self, fresh: &[DirectPiece]) -> std::io::Result<()> {
+    fn write_chunks(&self, chunks: &[DirectPiece]) -> std::io::Result<()> {
         let mut start = 0;
-        while start < fresh.len() {
+        while start < chunks.len() {
             let mut end = start + 1;
-            while end < fresh.len()
-                && fresh[end].device_offset
-                    == fresh[end - 1].device_offset + fresh[end - 1].bytes as u64
+            while end < chunks.len()
+                && chunks[end].device_offset
+                    == chunks[end - 1].device_offset + chunks[end - 1].bytes as u64
             {
                 end += 1;
             }
-            let offset = fresh[start].device_offset;
-            let mut slices: Vec<IoSlice> = fresh[start..end]
+            let offset = chunks[start].device_offset;
+            let mut slices: Vec<IoSlice> = chunks[start..end]
                 .iter()
-                .map(|fresh| IoSlice::new(fresh.data()))
+                .map(|piece| IoSlice::new(piece.data()))
                 .collect();
             self.disk.write_chunks_at(&mut slices, offset)?;
             start = end;
@@ -341,13 +337,13 @@ fn last_write_of_each_chunk(mut pieces: Vec<DirectPiece>) -> Vec<DirectPiece> {
     pieces
 }
 
-/// A batch with at least this many fresh chunks is shared with the
+/// A batch with at least this many whole chunks is shared with the
 /// helpers.
 const DIRECT_SPLIT_MIN_CHUNKS: usize = 8;
-/// Threads that write fresh chunks beside the journal writer.
+/// Threads that write whole chunks beside the journal writer.
 const DIRECT_HELPERS: usize = 2;
 
-/// A whole chunk of a redirect, written to its fresh chunk with `O_DIRECT`
+/// A whole chunk of a redirect or a whole-chunk direct write, written with `O_DIRECT`
 /// straight from the record's page-aligned buffer (it starts at a multiple
 /// of 64 KiB in it).
 struct DirectPiece {
@@ -367,7 +363,7 @@ impl DirectPiece {
     }
 }
 
-/// A share of a batch's fresh chunks, for a helper to write.
+/// A share of a batch's whole chunks, for a helper to write.
 struct DirectJob {
     chunks: Vec<DirectPiece>,
     reply: std::sync::mpsc::SyncSender<std::io::Result<()>>,
@@ -401,7 +397,7 @@ fn spawn_direct_helper(engine: Arc<Engine>) -> DirectHelper {
         let name = format!("direct-{}", engine.pool_name);
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
             while let Ok(job) = receiver.recv() {
-                let result = engine.write_fresh_chunks(&job.chunks);
+                let result = engine.write_chunks(&job.chunks);
                 let _ = job.reply.send(result);
             }
         });
