@@ -410,11 +410,11 @@ impl trireme_store::Disk for SimDisk {
         self.write_slices(slices, offset)
     }
 
-    fn write_chunks_at(&self, slices: &mut [IoSlice<'_>], offset: u64) -> io::Result<()> {
+    fn write_direct_at(&self, slices: &mut [IoSlice<'_>], offset: u64) -> io::Result<()> {
         self.write_slices(slices, offset)
     }
 
-    fn parallel_chunk_writes(&self) -> bool {
+    fn parallel_direct_writes(&self) -> bool {
         // Helper threads would make a run depend on their scheduling.
         false
     }

@@ -62,6 +62,9 @@ pub struct StoreSimConfig {
     /// Rules the store breaks on purpose (all off but in the tests that
     /// show each is caught).
     pub bugs: BugSwitches,
+    /// A synchronous writer's batches go to the device as whole blocks
+    /// (`PoolOptions::direct_sync`): half the seeds, so both paths run.
+    pub direct_sync: bool,
     pub trace: bool,
 }
 
@@ -87,6 +90,8 @@ impl StoreSimConfig {
                 Faults::default()
             },
             bugs: BugSwitches::default(),
+            // Drawn last: the draws above give each seed what it had.
+            direct_sync: rng.gen_bool(0.5),
             trace: false,
         }
     }
@@ -312,6 +317,7 @@ pub fn switched_on(bugs: &BugSwitches) -> Vec<&'static str> {
 fn options(config: &StoreSimConfig) -> PoolOptions {
     let mut options = PoolOptions::new(Background::Inline);
     options.bugs = config.bugs;
+    options.direct_sync = config.direct_sync;
     options
 }
 

@@ -34,18 +34,21 @@ pub trait Disk: Send + Sync {
     /// Writes all of `slices`, one after another, from `offset`.
     fn write_vectored_at(&self, slices: &mut [IoSlice<'_>], offset: u64) -> io::Result<()>;
 
-    /// Like [`Disk::write_vectored_at`], for whole fresh chunks in
-    /// page-aligned memory: the device may take them without copying them
-    /// into the page cache (`O_DIRECT`).
-    fn write_chunks_at(&self, slices: &mut [IoSlice<'_>], offset: u64) -> io::Result<()>;
+    /// Like [`Disk::write_vectored_at`], for whole 4 KiB blocks in
+    /// page-aligned memory at a block-aligned offset (fresh chunks, a
+    /// synchronous writer's journal blocks and in-place data): the device
+    /// may take them without copying them into the page cache
+    /// (`O_DIRECT`), and then has them when the call returns.
+    fn write_direct_at(&self, slices: &mut [IoSlice<'_>], offset: u64) -> io::Result<()>;
 
-    /// True if writing fresh chunks from several threads at once is worth
-    /// it (a device written directly takes the writes in parallel).
-    fn parallel_chunk_writes(&self) -> bool;
+    /// True if [`Disk::write_direct_at`] bypasses the page cache, so
+    /// writing from several threads at once is worth it (the device takes
+    /// the writes in parallel).
+    fn parallel_direct_writes(&self) -> bool;
 
-    /// True if [`Disk::write_chunks_at`] leaves nothing in the page cache
+    /// True if [`Disk::write_direct_at`] leaves nothing in the page cache
     /// (`O_DIRECT`): no write-back to start for what it wrote.
-    fn chunk_writes_bypass_cache(&self) -> bool {
+    fn direct_writes_bypass_cache(&self) -> bool {
         false
     }
 
@@ -85,10 +88,10 @@ pub trait Disk: Send + Sync {
 /// second descriptor of it with `O_DIRECT` where the file system allows.
 pub struct FileDisk {
     file: File,
-    /// The same device opened with `O_DIRECT`, for whole fresh chunks: a
-    /// stream of them (a copy, a restore, a sequential write) goes to the
+    /// The same device opened with `O_DIRECT`, for whole fresh chunks (a
+    /// stream of them, a copy, a restore, a sequential write, goes to the
     /// device without a copy into the page cache, which was the single
-    /// biggest cost of large writes. `None` where the file system refuses
+    /// biggest cost of large writes) and a synchronous writer's blocks. `None` where the file system refuses
     /// `O_DIRECT` (tmpfs before Linux 6.6, some FUSE ones): those writes
     /// stay buffered.
     direct: Option<File>,
@@ -130,22 +133,24 @@ impl Disk for FileDisk {
         write_all_vectored_at(&self.file, slices, offset)
     }
 
-    fn write_chunks_at(&self, slices: &mut [IoSlice<'_>], offset: u64) -> io::Result<()> {
+    fn write_direct_at(&self, slices: &mut [IoSlice<'_>], offset: u64) -> io::Result<()> {
         match &self.direct {
             Some(direct) => {
                 debug_assert!(slices.iter().all(|slice| (slice.as_ptr() as usize)
-                    .is_multiple_of(trireme_types::BlockBuf::ALIGN)));
+                    .is_multiple_of(trireme_types::BlockBuf::ALIGN)
+                    && slice.len().is_multiple_of(trireme_types::BlockBuf::ALIGN)));
+                debug_assert!(offset.is_multiple_of(trireme_types::BlockBuf::ALIGN as u64));
                 write_all_vectored_at(direct, slices, offset)
             }
             None => write_all_vectored_at(&self.file, slices, offset),
         }
     }
 
-    fn parallel_chunk_writes(&self) -> bool {
+    fn parallel_direct_writes(&self) -> bool {
         self.direct.is_some()
     }
 
-    fn chunk_writes_bypass_cache(&self) -> bool {
+    fn direct_writes_bypass_cache(&self) -> bool {
         self.direct.is_some()
     }
 

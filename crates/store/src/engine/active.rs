@@ -44,10 +44,14 @@ pub enum Journaled {
     PendingRecord,
     /// A region is not in the durable active set yet (asked for).
     RegionInactive,
+    /// A synchronous writer's (a flush in the last 50 ms): its record,
+    /// data included, goes to the device in one `O_DIRECT` write, where in
+    /// place it would take two (see `journal_writer::BatchPath`).
+    Synchronous,
 }
 
 impl Journaled {
-    pub const ALL: [Journaled; 11] = [
+    pub const ALL: [Journaled; 12] = [
         Journaled::Off,
         Journaled::NotWholeBlocks,
         Journaled::Snapshot,
@@ -59,6 +63,7 @@ impl Journaled {
         Journaled::Copying,
         Journaled::PendingRecord,
         Journaled::RegionInactive,
+        Journaled::Synchronous,
     ];
 
     /// Its name in metrics (`reason` label).
@@ -75,6 +80,7 @@ impl Journaled {
             Journaled::Copying => "copying",
             Journaled::PendingRecord => "pending_record",
             Journaled::RegionInactive => "region_inactive",
+            Journaled::Synchronous => "synchronous",
         }
     }
 }
@@ -85,7 +91,7 @@ impl Journaled {
 pub struct WritePathStats {
     pub direct: u64,
     /// Indexed like [`Journaled::ALL`].
-    pub journaled: [u64; 11],
+    pub journaled: [u64; 12],
 }
 
 impl WritePathStats {

@@ -751,7 +751,7 @@ impl Engine {
         for write in writes {
             extents.push((write.device_offset, write.blocks as u64 * BLOCK_BYTES));
         }
-        let bypassed = self.disk.chunk_writes_bypass_cache();
+        let bypassed = self.disk.direct_writes_bypass_cache();
         for record in batch {
             if bypassed && record.is_direct_whole_chunks() {
                 continue;

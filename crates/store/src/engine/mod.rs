@@ -14,6 +14,7 @@
 mod active;
 mod admission_queue;
 mod apply;
+mod journal_tail;
 mod journal_writer;
 mod read;
 mod replay;
@@ -468,6 +469,12 @@ pub struct Engine {
     pub active_set_lock: Mutex<()>,
     /// Small overwrites may go in place once (`EngineOptions::direct_writes`).
     pub direct_writes: bool,
+    /// A synchronous writer's batches go to the device with `O_DIRECT`
+    /// (`EngineOptions::direct_sync`).
+    pub direct_sync: bool,
+    /// The journal's last partial block, for those direct batches; only
+    /// the thread holding the writing role locks it.
+    pub(crate) journal_tail: Mutex<journal_tail::JournalTail>,
     pub checksum_errors: AtomicU64,
     /// Rules broken on purpose, to show the simulator catches it.
     #[cfg(feature = "bug-switches")]
@@ -514,6 +521,10 @@ pub struct EngineOptions {
     /// `TRIREME_DIRECT_WRITES=0` turns it off in a node (every small
     /// write then takes the journal, as before).
     pub direct_writes: bool,
+    /// A synchronous writer's batches (a flush came in the last 50 ms) go
+    /// to the device with `O_DIRECT` (see `journal_writer::BatchPath`). On
+    /// by default; `TRIREME_DIRECT_SYNC=0` turns it off in a node.
+    pub direct_sync: bool,
     #[cfg(feature = "bug-switches")]
     pub bugs: BugSwitches,
 }
@@ -523,6 +534,7 @@ impl EngineOptions {
     pub fn production() -> EngineOptions {
         EngineOptions {
             direct_writes: std::env::var("TRIREME_DIRECT_WRITES").as_deref() != Ok("0"),
+            direct_sync: std::env::var("TRIREME_DIRECT_SYNC").as_deref() != Ok("0"),
             ..EngineOptions::new(Background::Threads)
         }
     }
@@ -531,6 +543,9 @@ impl EngineOptions {
         EngineOptions {
             background,
             direct_writes: true,
+            // Off unless asked for: tests of direct writes that flush keep
+            // them (the simulator turns it on for half its seeds).
+            direct_sync: false,
             #[cfg(feature = "bug-switches")]
             bugs: BugSwitches::default(),
         }
@@ -606,6 +621,8 @@ impl Engine {
 mod admission_tests;
 #[cfg(test)]
 mod in_place_tests;
+#[cfg(test)]
+mod sync_writer_tests;
 #[cfg(test)]
 mod write_now_tests;
 

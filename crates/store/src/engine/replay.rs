@@ -158,6 +158,8 @@ pub fn open_engine(
         snapshot_lock: Mutex::new(()),
         active_set_lock: Mutex::new(()),
         direct_writes: options.direct_writes,
+        direct_sync: options.direct_sync,
+        journal_tail: Default::default(),
         checksum_errors: AtomicU64::new(0),
         #[cfg(feature = "bug-switches")]
         bugs: options.bugs,

@@ -6,6 +6,7 @@
 
 use super::active::Journaled;
 use super::admission_queue::Needs;
+use super::journal_writer::BatchPath;
 use super::stalls::AdmissionWait;
 use super::{bug, Background, Engine, State};
 use crate::journal::{
@@ -23,7 +24,7 @@ enum Admission {
     Admitted(u64),
     /// Admitted, and the caller holds the writing role: it writes the
     /// record to the journal itself (see [`Engine::write_now`]).
-    AdmittedToWrite(Arc<Record>),
+    AdmittedToWrite(Arc<Record>, BatchPath),
     WouldWait(RecordBody),
 }
 
@@ -55,14 +56,14 @@ enum Admit {
 #[must_use = "the record must be written: call finish"]
 pub struct HeldWrite<'a> {
     engine: &'a Engine,
-    record: Option<Arc<Record>>,
+    record: Option<(Arc<Record>, BatchPath)>,
 }
 
 impl HeldWrite<'_> {
     /// Writes the record (and gives the writing role back).
     pub fn finish(mut self) -> Result<(), TargetError> {
         match self.record.take() {
-            Some(record) => self.engine.write_holding_role(record),
+            Some((record, path)) => self.engine.write_holding_role(record, path),
             None => Ok(()),
         }
     }
@@ -70,9 +71,9 @@ impl HeldWrite<'_> {
 
 impl Drop for HeldWrite<'_> {
     fn drop(&mut self) {
-        if let Some(record) = self.record.take() {
+        if let Some((record, path)) = self.record.take() {
             // A failed write has failed the pool; the next flush says so.
-            let _ = self.engine.write_holding_role(record);
+            let _ = self.engine.write_holding_role(record, path);
         }
     }
 }
@@ -273,7 +274,7 @@ impl Engine {
         // write takes.
         match self.admit_blocks(volume, offset, data, Admit::NoWait) {
             Ok(Admission::Admitted(_)) => Attempt::Done(Ok(())),
-            Ok(Admission::AdmittedToWrite(_)) => unreachable!("only asked for by write_now"),
+            Ok(Admission::AdmittedToWrite(..)) => unreachable!("only asked for by write_now"),
             Ok(Admission::WouldWait(RecordBody::Write { data, .. })) => Attempt::WouldBlock(data),
             Ok(Admission::WouldWait(_)) => unreachable!("a write record comes back as one"),
             Err(error) => Attempt::Done(Err(error)),
@@ -314,7 +315,7 @@ impl Engine {
             direct_ok,
         )? {
             Admission::Admitted(sequence) => Ok(sequence),
-            Admission::AdmittedToWrite(_) => unreachable!("only asked for by write_now"),
+            Admission::AdmittedToWrite(..) => unreachable!("only asked for by write_now"),
             Admission::WouldWait(_) => unreachable!("blocking admission waits"),
         }
     }
@@ -359,9 +360,9 @@ impl Engine {
         }
         match self.admit_blocks(volume, offset, data, Admit::WaitWriteNow)? {
             Admission::Admitted(_) => Ok(None),
-            Admission::AdmittedToWrite(record) => Ok(Some(HeldWrite {
+            Admission::AdmittedToWrite(record, path) => Ok(Some(HeldWrite {
                 engine: self,
-                record: Some(record),
+                record: Some((record, path)),
             })),
             Admission::WouldWait(_) => unreachable!("blocking admission waits"),
         }
@@ -389,8 +390,8 @@ impl Engine {
     /// Writes `record`, the only unwritten one, while this thread holds the
     /// writing role, then gives the role back (to the journal writer, if
     /// records were admitted meanwhile).
-    fn write_holding_role(&self, record: Arc<Record>) -> Result<(), TargetError> {
-        let (state, written) = self.write_in_role(std::slice::from_ref(&record), None);
+    fn write_holding_role(&self, record: Arc<Record>, path: BatchPath) -> Result<(), TargetError> {
+        let (state, written) = self.write_in_role(std::slice::from_ref(&record), path, None);
         state.validate(self.layout.journal_bytes);
         self.changed.notify_all();
         if state.next_sequence - 1 > state.written_sequence || state.shutting_down {
@@ -473,9 +474,19 @@ impl Engine {
             // writes allow it, else go to fresh chunks while there are
             // enough; in a full pool they overwrite in place through the
             // journal instead, which needs no new space
-            // (docs/store-format.md, *Which writes*).
+            // (docs/store-format.md, *Which writes*). A synchronous
+            // writer's small writes take the journal: one device write
+            // before its flush, not two (the in-place data and the
+            // record); the applier's in-place copy comes later, off the
+            // writer's path (*Synchronous writers*).
             let mut direct = match &body {
                 RecordBody::Write { .. } if !direct_ok => Some(Err(Journaled::NotWholeBlocks)),
+                RecordBody::Write { .. }
+                    if !whole_chunks
+                        && matches!(self.batch_path(&state), BatchPath::Direct { .. }) =>
+                {
+                    Some(Err(Journaled::Synchronous))
+                }
                 RecordBody::Write { .. } => {
                     Some(self.direct_chunks(&mut state, volume, first_block, block_count))
                 }
@@ -662,7 +673,8 @@ impl Engine {
             && state.written_sequence + 1 == sequence;
         if write_now {
             state.writing = true;
-            return Ok(Admission::AdmittedToWrite(record));
+            let path = self.batch_path(&state);
+            return Ok(Admission::AdmittedToWrite(record, path));
         }
         if state.journal_idle {
             self.journal_wake.notify_one();
