@@ -9,7 +9,7 @@ use crate::active_set::{
 use crate::layout::{Layout, BLOCKS_PER_CHUNK, BLOCK_BYTES};
 use crate::record::Record;
 use crate::StoreError;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use trireme_types::VolumeId;
 
 /// A durable active set: its generation and regions.
@@ -390,14 +390,22 @@ impl Engine {
     /// record together): its data reached the device and its record did
     /// not, or a later direct write's did, or it was torn at a sector.
     /// Returns the number of blocks repaired.
+    ///
+    /// Only chunks in `mapped_at_checkpoint`: no direct write since the
+    /// checkpoint went anywhere else (docs/store-format.md, *Replay* under
+    /// *Small overwrites written once*), and replay wrote the others with
+    /// their true checksums. A copy-on-write copy among them carries its
+    /// source's checksum: re-deriving it would adopt rot in the source.
     pub(super) fn repair_active_regions(
         &self,
         active: &Option<BTreeSet<u32>>,
+        mapped_at_checkpoint: &HashSet<u32>,
     ) -> Result<u64, StoreError> {
         let in_set = |physical: u32| {
-            active
-                .as_ref()
-                .is_none_or(|set| set.contains(&region_of(physical)))
+            mapped_at_checkpoint.contains(&physical)
+                && active
+                    .as_ref()
+                    .is_none_or(|set| set.contains(&region_of(physical)))
         };
         // Written blocks per physical chunk, over every live and saved entry.
         let mut written: HashMap<u32, u16> = HashMap::new();

@@ -622,6 +622,8 @@ mod admission_tests;
 #[cfg(test)]
 mod in_place_tests;
 #[cfg(test)]
+mod replay_tests;
+#[cfg(test)]
 mod sync_writer_tests;
 #[cfg(test)]
 mod write_now_tests;

@@ -23,7 +23,7 @@ use crate::layout::{BLOCKS_PER_CHUNK, CHUNK_BYTES};
 use crate::metadata::{Loaded, Metadata};
 use crate::record::{Record, RecordBody};
 use crate::StoreError;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex};
 use trireme_types::VolumeId;
@@ -164,6 +164,9 @@ pub fn open_engine(
         #[cfg(feature = "bug-switches")]
         bugs: options.bugs,
     });
+    // Only these chunks can hold a direct write since the checkpoint; the
+    // rest, replay fills exactly (`repair_active_regions`).
+    let mapped_at_checkpoint: HashSet<u32> = references.into_keys().collect();
     let active_set = engine.load_active_set()?;
     let replayed = engine.replay(checkpoint.epoch)?;
     engine.apply_all(false)?;
@@ -172,7 +175,7 @@ pub fn open_engine(
         if let Some(regions) = &regions {
             engine.lock().recent_active_sets = [regions.clone(), regions.clone(), regions.clone()];
         }
-        let repaired = engine.repair_active_regions(&regions)?;
+        let repaired = engine.repair_active_regions(&regions, &mapped_at_checkpoint)?;
         if repaired > 0 {
             tracing::info!(pool = %engine.pool_name, blocks = repaired, "checksums of blocks written in place since the last checkpoint taken from their data");
         }
