@@ -72,7 +72,7 @@ impl Volume {
     /// before it is durable already (an eager device flush got there
     /// first), `WouldBlock` when [`BlockTarget::flush`] would have to wait.
     pub fn try_flush(&self) -> Attempt<(), ()> {
-        self.engine.try_flush()
+        self.engine.try_flush(self.id)
     }
 
     /// While clients flush often, makes what is written durable now, on
@@ -186,7 +186,7 @@ impl BlockTarget for Volume {
 
     fn flush(&self) -> Result<(), TargetError> {
         self.engine.lock().live_volume(self.id)?;
-        self.engine.flush()
+        self.engine.flush(self.id)
     }
 
     fn trim(&self, offset: u64, length: u64, fua: bool) -> Result<(), TargetError> {

@@ -44,9 +44,10 @@ pub enum Journaled {
     PendingRecord,
     /// A region is not in the durable active set yet (asked for).
     RegionInactive,
-    /// A synchronous writer's (a flush in the last 50 ms): its record,
-    /// data included, goes to the device in one `O_DIRECT` write, where in
-    /// place it would take two (see `journal_writer::BatchPath`).
+    /// A synchronous writer's (its volume's client flushed in the last
+    /// 50 ms): its record, data included, goes to the device in one
+    /// `O_DIRECT` write, where in place it would take two (see
+    /// `journal_writer::BatchPath`).
     Synchronous,
 }
 

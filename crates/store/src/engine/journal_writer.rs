@@ -98,7 +98,7 @@ impl Engine {
 
 /// While a caller asked for a flush this recently, each batch is flushed
 /// as soon as it is written and nothing more waits.
-const EAGER_SYNC_WINDOW: std::time::Duration = std::time::Duration::from_millis(50);
+pub(super) const EAGER_SYNC_WINDOW: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// How the writing role writes a batch: through the page cache, or with
 /// `O_DIRECT` (see [`Engine::batch_path`]).

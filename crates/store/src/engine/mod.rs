@@ -93,6 +93,10 @@ pub struct VolumeState {
     pub pending_snapshots: Vec<SnapshotId>,
     /// A rollback is under way: writes reserve like for a pending snapshot.
     pub rolling_back: bool,
+    /// When this volume's client last asked for durability (FLUSH or FUA):
+    /// its small writes are a synchronous writer's for a while after
+    /// (`write::is_synchronous`).
+    pub last_flush_request: Option<std::time::Instant>,
 }
 
 impl VolumeState {
@@ -107,6 +111,7 @@ impl VolumeState {
             snapshots: Vec::new(),
             pending_snapshots: Vec::new(),
             rolling_back: false,
+            last_flush_request: None,
         }
     }
 

@@ -114,54 +114,78 @@ fn a_synchronous_writers_direct_batches_keep_the_records_before_them() {
     assert!(pool.scan().unwrap().is_clean());
 }
 
-/// A synchronous writer's small overwrite of a written block, which would
-/// otherwise go in place, takes the journal with its data (one device
-/// write before the flush); a writer that never flushes keeps writing in
-/// place.
-#[test]
-fn a_synchronous_writers_small_overwrites_take_the_journal() {
-    let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::create(config(dir.path())).unwrap();
-    let name = VolumeName::new("v").unwrap();
-    pool.create_volume(&name, 16 * MIB).unwrap();
-    let volume = pool.open_volume(&name).unwrap();
-    // Written, checkpointed, and its region asked for and activated: small
-    // overwrites may go in place.
+/// Writes block 0 of `volume` until one goes in place: written,
+/// checkpointed, its region asked for and activated. No client flushes
+/// meanwhile (`last_flush_request` cleared), so none is a synchronous
+/// writer's.
+fn until_a_write_goes_in_place(pool: &Pool, volume: &Volume) {
     volume.write_shared(0, filled(1, MIB), false).unwrap();
     pool.sync().unwrap();
-    let synchronous = |volume: &Volume| {
-        volume
-            .engine
-            .lock()
-            .write_path
-            .journaled(Journaled::Synchronous)
-    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut seed = 2u8;
-    // Not synchronous: no flush was asked for.
-    volume.engine.lock().last_flush_request = None;
     loop {
+        forget_flushes(volume);
         let direct = pool.direct_writes();
-        volume.write_shared(0, filled(seed, BLOCK), false).unwrap();
-        seed = seed.wrapping_add(1);
+        volume.write_shared(0, filled(2, BLOCK), false).unwrap();
         if pool.direct_writes() > direct {
-            break;
+            return;
         }
         assert!(std::time::Instant::now() < deadline, "never went in place");
         pool.sync().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(5));
-        volume.engine.lock().last_flush_request = None;
     }
-    assert_eq!(synchronous(&volume), 0);
-    volume.flush().unwrap();
-    let direct = pool.direct_writes();
+}
+
+fn forget_flushes(volume: &Volume) {
+    let mut state = volume.engine.lock();
+    state.last_flush_request = None;
+    for volume in state.volumes.values_mut() {
+        volume.last_flush_request = None;
+    }
+}
+
+fn synchronous_writes(volume: &Volume) -> u64 {
     volume
-        .write_shared(BLOCK, filled(seed, BLOCK), false)
-        .unwrap();
-    volume.flush().unwrap();
-    assert_eq!(synchronous(&volume), 1, "a synchronous writer's write");
+        .engine
+        .lock()
+        .write_path
+        .journaled(Journaled::Synchronous)
+}
+
+/// A synchronous writer's small overwrite of a written block, which would
+/// otherwise go in place, takes the journal with its data (one device
+/// write before the flush). Another volume of the pool whose client does
+/// not flush keeps writing in place: the rule is the volume's, not the
+/// pool's.
+#[test]
+fn a_synchronous_writers_small_overwrites_take_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Pool::create(config(dir.path())).unwrap();
+    let mut volumes = Vec::new();
+    for name in ["v", "w"] {
+        let name = VolumeName::new(name).unwrap();
+        pool.create_volume(&name, 16 * MIB).unwrap();
+        let volume = pool.open_volume(&name).unwrap();
+        until_a_write_goes_in_place(&pool, &volume);
+        volumes.push(volume);
+    }
+    let (v, w) = (&volumes[0], &volumes[1]);
+    assert_eq!(synchronous_writes(v), 0);
+    v.flush().unwrap();
+    let direct = pool.direct_writes();
+    v.write_shared(BLOCK, filled(3, BLOCK), false).unwrap();
+    assert_eq!(synchronous_writes(v), 1, "a synchronous writer's write");
     assert_eq!(pool.direct_writes(), direct, "nothing went in place");
-    let mut back = vec![0u8; BLOCK as usize];
-    volume.read(BLOCK, &mut back).unwrap();
-    assert!(back.iter().all(|byte| *byte == seed));
+    w.write_shared(BLOCK, filled(4, BLOCK), false).unwrap();
+    assert_eq!(
+        pool.direct_writes(),
+        direct + 1,
+        "the other volume's write went in place"
+    );
+    assert_eq!(synchronous_writes(v), 1);
+    v.flush().unwrap();
+    for (volume, seed) in [(v, 3), (w, 4)] {
+        let mut back = vec![0u8; BLOCK as usize];
+        volume.read(BLOCK, &mut back).unwrap();
+        assert!(back.iter().all(|byte| *byte == seed));
+    }
 }

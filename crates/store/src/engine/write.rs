@@ -6,9 +6,9 @@
 
 use super::active::Journaled;
 use super::admission_queue::Needs;
-use super::journal_writer::BatchPath;
+use super::journal_writer::{BatchPath, EAGER_SYNC_WINDOW};
 use super::stalls::AdmissionWait;
-use super::{bug, Background, Engine, State};
+use super::{bug, Background, Engine, State, VolumeState};
 use crate::journal::{
     block_crcs, checksums_payload_bytes, record_journal_bytes, redirect_payload_bytes,
     RECORD_MAX_DATA_BYTES, SNAPSHOT_PAYLOAD_BYTES,
@@ -96,7 +96,7 @@ impl Engine {
         fua: bool,
     ) -> Result<(), TargetError> {
         if data.is_empty() {
-            return if fua { self.flush() } else { Ok(()) };
+            return if fua { self.flush(volume) } else { Ok(()) };
         }
         self.check_range(volume, offset, data.len() as u64)?;
         let last_sequence = if whole_blocks(offset, &data) {
@@ -110,7 +110,7 @@ impl Engine {
             self.write_blocks(volume, first_block, Arc::new(blocks), false)?
         };
         if fua {
-            self.note_client_flush();
+            self.note_client_flush(volume);
             self.flush_to(last_sequence)?;
         }
         Ok(())
@@ -193,7 +193,7 @@ impl Engine {
         trim: bool,
     ) -> Result<(), TargetError> {
         if length == 0 {
-            return if fua { self.flush() } else { Ok(()) };
+            return if fua { self.flush(volume) } else { Ok(()) };
         }
         self.check_range(volume, offset, length)?;
         let end = offset + length;
@@ -222,9 +222,9 @@ impl Engine {
             )?;
         }
         if fua {
-            self.note_client_flush();
+            self.note_client_flush(volume);
             match last_sequence {
-                0 => self.flush()?,
+                0 => self.flush(volume)?,
                 sequence => self.flush_to(sequence)?,
             }
         }
@@ -252,7 +252,7 @@ impl Engine {
             done += piece;
         }
         if fua {
-            self.flush()?;
+            self.flush(volume)?;
         }
         Ok(())
     }
@@ -483,7 +483,8 @@ impl Engine {
                 RecordBody::Write { .. } if !direct_ok => Some(Err(Journaled::NotWholeBlocks)),
                 RecordBody::Write { .. }
                     if !whole_chunks
-                        && matches!(self.batch_path(&state), BatchPath::Direct { .. }) =>
+                        && self.direct_sync
+                        && state.volumes.get(&volume).is_some_and(is_synchronous) =>
                 {
                     Some(Err(Journaled::Synchronous))
                 }
@@ -714,18 +715,19 @@ impl Engine {
         }
     }
 
-    /// Makes every write completed before this call durable.
-    pub fn flush(&self) -> Result<(), TargetError> {
-        self.note_client_flush();
+    /// Makes every write completed before this call durable; `volume`'s
+    /// client asked (see `note_client_flush`).
+    pub fn flush(&self, volume: VolumeId) -> Result<(), TargetError> {
+        self.note_client_flush(volume);
         let target = self.lock().next_sequence - 1;
         self.flush_to(target)
     }
 
     /// [`Engine::flush`] if it needs no waiting (see `Volume::try_flush`).
     /// It counts as a client's flush for `sync_eagerly` either way.
-    pub fn try_flush(&self) -> Attempt<(), ()> {
+    pub fn try_flush(&self, volume: VolumeId) -> Attempt<(), ()> {
         let mut state = self.lock();
-        state.last_flush_request = Some(std::time::Instant::now());
+        note_client_flush(&mut state, volume);
         match state.flushed_to(state.next_sequence - 1) {
             Some(answer) => Attempt::Done(answer),
             None => Attempt::WouldBlock(()),
@@ -742,9 +744,10 @@ impl Engine {
         drop(self.sync_eagerly(state));
     }
 
-    /// A client asked for durability (FLUSH or FUA): see `sync_eagerly`.
-    fn note_client_flush(&self) {
-        self.lock().last_flush_request = Some(std::time::Instant::now());
+    /// `volume`'s client asked for durability (FLUSH or FUA): see
+    /// `sync_eagerly`, `batch_path` and `is_synchronous`.
+    fn note_client_flush(&self, volume: VolumeId) {
+        note_client_flush(&mut self.lock(), volume);
     }
 
     /// Returns once every record up to `sequence` is durable. Concurrent
@@ -833,4 +836,23 @@ fn chunks_to_reserve(state: &State, volume: VolumeId, first_block: u64, block_co
             }
         })
         .count() as u64
+}
+
+/// The pool's and the volume's last client flush, now.
+fn note_client_flush(state: &mut State, volume: VolumeId) {
+    let now = Instant::now();
+    state.last_flush_request = Some(now);
+    if let Some(volume) = state.volumes.get_mut(&volume) {
+        volume.last_flush_request = Some(now);
+    }
+}
+
+/// A synchronous writer's volume: its client flushed in the last
+/// [`EAGER_SYNC_WINDOW`]. Its small writes take the journal (*Which
+/// writes*); the other volumes' are not made to, though the pool's batches
+/// go with `O_DIRECT` while any client flushes (`batch_path`).
+fn is_synchronous(volume: &VolumeState) -> bool {
+    volume
+        .last_flush_request
+        .is_some_and(|at| at.elapsed() < EAGER_SYNC_WINDOW)
 }
