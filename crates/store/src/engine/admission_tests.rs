@@ -1,41 +1,17 @@
 //! Writes that wait for the unapplied-data budget are admitted oldest
 //! first (`admission_queue`).
 
+use super::test_support::{test_pool, until, MIB};
 use super::HELD_BYTES_MAX;
-use crate::{Pool, PoolConfig};
-use std::time::{Duration, Instant};
-use trireme_types::{BlockTarget, DeviceClass, PoolId, PoolName, VolumeName};
+use std::time::Duration;
+use trireme_types::{BlockTarget, VolumeName};
 
 const KIB: u64 = 1 << 10;
-const MIB: u64 = 1 << 20;
-
-fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// A 64 MiB pool with its background threads, in `dir`.
-fn test_pool(dir: &tempfile::TempDir) -> std::sync::Arc<Pool> {
-    Pool::create(PoolConfig {
-        name: PoolName::new("test").unwrap(),
-        id: PoolId(1),
-        class: DeviceClass::Ssd,
-        device_path: dir.path().join("pool.img"),
-        metadata_path: dir.path().join("meta/metadata.redb"),
-        size_bytes: Some(64 * MIB),
-        preallocate: false,
-        force: false,
-    })
-    .unwrap()
-}
 
 #[test]
 fn a_newcomer_does_not_take_the_room_held_for_a_waiting_write() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = test_pool(&dir);
+    let pool = test_pool(dir.path());
     let name = VolumeName::new("v").unwrap();
     pool.create_volume(&name, 16 * MIB).unwrap();
     let volume = pool.open_volume(&name).unwrap();
@@ -85,7 +61,7 @@ fn a_newcomer_does_not_take_the_room_held_for_a_waiting_write() {
 #[test]
 fn room_held_by_applied_data_comes_back_once_its_write_back_starts() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = test_pool(&dir);
+    let pool = test_pool(dir.path());
     let name = VolumeName::new("v").unwrap();
     pool.create_volume(&name, 16 * MIB).unwrap();
     let volume = pool.open_volume(&name).unwrap();

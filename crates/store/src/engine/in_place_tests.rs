@@ -3,51 +3,15 @@
 //! and the last write of a block is the one on the device.
 
 use super::active::Journaled;
+use super::test_support::{filled, physical, pool_config, test_pool, until, MIB};
 use crate::layout::CHUNK_BYTES;
-use crate::{Pool, PoolConfig, Volume};
+use crate::{Pool, Volume};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use trireme_types::{BlockBuf, BlockTarget, DeviceClass, PoolId, PoolName, VolumeName};
-
-const MIB: u64 = 1 << 20;
-
-fn config(dir: &std::path::Path) -> PoolConfig {
-    PoolConfig {
-        name: PoolName::new("test").unwrap(),
-        id: PoolId(1),
-        class: DeviceClass::Ssd,
-        device_path: dir.join("pool.img"),
-        metadata_path: dir.join("meta/metadata.redb"),
-        size_bytes: Some(64 * MIB),
-        preallocate: false,
-        force: false,
-    }
-}
+use trireme_types::{BlockTarget, VolumeName};
 
 fn reopen(dir: &std::path::Path) -> Arc<Pool> {
-    let config = config(dir);
+    let config = pool_config(dir);
     Pool::open(&config.device_path, &config.metadata_path).unwrap()
-}
-
-fn filled(seed: u8, bytes: u64) -> Arc<BlockBuf> {
-    Arc::new(vec![seed; bytes as usize].into())
-}
-
-fn until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-fn physical(volume: &Volume, chunk: u64) -> u32 {
-    let state = volume.engine.lock();
-    state.volumes[&volume.id]
-        .map
-        .get(chunk)
-        .expect("mapped")
-        .physical
 }
 
 /// A volume whose first `chunks` chunks are written, checkpointed and in
@@ -100,7 +64,7 @@ fn read(volume: &Volume, offset: u64, bytes: u64) -> Vec<u8> {
 #[test]
 fn a_written_chunk_overwritten_whole_stays_where_it_is() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::create(config(dir.path())).unwrap();
+    let pool = test_pool(dir.path());
     let volume = ready_volume(&pool, 2);
     let before = (physical(&volume, 0), physical(&volume, 1));
     let direct = pool.direct_writes();
@@ -128,7 +92,7 @@ fn a_written_chunk_overwritten_whole_stays_where_it_is() {
 #[test]
 fn a_chunk_written_whole_twice_in_one_batch_keeps_the_later_data() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::create(config(dir.path())).unwrap();
+    let pool = test_pool(dir.path());
     let volume = ready_volume(&pool, 8);
     let direct = pool.direct_writes();
     until("the journal writer idles", || {
@@ -162,7 +126,7 @@ fn a_chunk_written_whole_twice_in_one_batch_keeps_the_later_data() {
 #[test]
 fn a_partial_write_behind_a_pending_whole_chunk_write_takes_the_journal() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::create(config(dir.path())).unwrap();
+    let pool = test_pool(dir.path());
     let volume = ready_volume(&pool, 1);
     let pending_before = volume
         .engine

@@ -631,6 +631,8 @@ mod replay_tests;
 #[cfg(test)]
 mod sync_writer_tests;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod write_now_tests;
 
 /// A chunk no map needs any more, waiting for the checkpoint that commits

@@ -3,32 +3,14 @@
 //! mapped: a chunk replay filled keeps the checksums it was written with
 //! (docs/store-format.md, *Replay* under *Small overwrites written once*).
 
+use super::test_support::{crash_copy, physical, test_pool, until, MIB};
 use crate::active_set::{region_of, REGION_CHUNKS};
 use crate::layout::{BLOCKS_PER_CHUNK, CHUNK_BYTES};
-use crate::{Pool, PoolConfig, Volume};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use trireme_types::{
-    BlockBuf, BlockTarget, DeviceClass, PoolId, PoolName, SnapshotId, TargetError, VolumeName,
-};
+use trireme_types::{BlockBuf, BlockTarget, SnapshotId, TargetError, VolumeName};
 
-const MIB: u64 = 1 << 20;
 const BLOCK: u64 = 4096;
-
-fn config(dir: &Path) -> PoolConfig {
-    PoolConfig {
-        name: PoolName::new("test").unwrap(),
-        id: PoolId(1),
-        class: DeviceClass::Ssd,
-        device_path: dir.join("pool.img"),
-        metadata_path: dir.join("meta/metadata.redb"),
-        size_bytes: Some(64 * MIB),
-        preallocate: false,
-        force: false,
-    }
-}
 
 /// Block `block` of a chunk written with `seed`: every block differs.
 fn pattern(seed: u8, blocks: u64) -> Arc<BlockBuf> {
@@ -39,23 +21,6 @@ fn pattern(seed: u8, blocks: u64) -> Arc<BlockBuf> {
     Arc::new(data.into())
 }
 
-fn physical(volume: &Volume, chunk: u64) -> u32 {
-    let state = volume.engine.lock();
-    state.volumes[&volume.id]
-        .map
-        .get(chunk)
-        .expect("mapped")
-        .physical
-}
-
-fn until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// Rot in a block outside the active set, then a copy-on-write of its
 /// chunk into a chunk of an active region, then a crash before the next
 /// checkpoint: replay redoes the copy, and the copy must keep the source's
@@ -63,7 +28,7 @@ fn until(what: &str, done: impl Fn() -> bool) {
 #[test]
 fn rot_that_a_replayed_copy_moves_into_an_active_region_stays_detected() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::create(config(dir.path())).unwrap();
+    let pool = test_pool(dir.path());
     let name = VolumeName::new("v").unwrap();
     pool.create_volume(&name, 8 * MIB).unwrap();
     let volume = pool.open_volume(&name).unwrap();
@@ -98,39 +63,28 @@ fn rot_that_a_replayed_copy_moves_into_an_active_region_stays_detected() {
     // it, copying the chunk's other blocks.
     pool.pause_applier(true);
     volume.write_shared(BLOCK, pattern(7, 1), true).unwrap();
-    let crashed = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(crashed.path().join("meta")).unwrap();
-    pool.while_quiesced(|| {
-        for file in ["pool.img", "meta/metadata.redb"] {
-            std::fs::copy(dir.path().join(file), crashed.path().join(file)).unwrap();
-        }
-    });
     // Rot in block 2 of the source chunk, in the crashed copy's files.
     let rotted = volume
         .engine
         .layout
         .data_block_offset(source as u64 * BLOCKS_PER_CHUNK + 2);
-    let device = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(crashed.path().join("pool.img"))
-        .unwrap();
-    let mut byte = [0u8; 1];
-    device.read_exact_at(&mut byte, rotted + 100).unwrap();
-    device
-        .write_all_at(&[byte[0] ^ 0x10], rotted + 100)
-        .unwrap();
-    drop(device);
+    let (_crashed, reopened) = crash_copy(&pool, dir.path(), |copy| {
+        let device = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(copy.join("pool.img"))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        device.read_exact_at(&mut byte, rotted + 100).unwrap();
+        device
+            .write_all_at(&[byte[0] ^ 0x10], rotted + 100)
+            .unwrap();
+    });
     pool.pause_applier(false);
     drop(volume);
     pool.shutdown().unwrap();
     drop(pool);
 
-    let reopened = Pool::open(
-        &crashed.path().join("pool.img"),
-        &crashed.path().join("meta/metadata.redb"),
-    )
-    .unwrap();
     let volume = reopened.open_volume(&name).unwrap();
     assert_eq!(
         region_of(physical(&volume, 0)),

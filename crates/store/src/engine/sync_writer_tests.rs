@@ -4,29 +4,11 @@
 //! and small writes take the journal rather than going in place.
 
 use super::active::Journaled;
-use crate::{Pool, PoolConfig, Volume};
-use std::sync::Arc;
-use trireme_types::{BlockBuf, BlockTarget, DeviceClass, PoolId, PoolName, VolumeName};
+use super::test_support::{crash_copy, filled, test_pool, MIB};
+use crate::{Pool, Volume};
+use trireme_types::{BlockTarget, VolumeName};
 
-const MIB: u64 = 1 << 20;
 const BLOCK: u64 = 4096;
-
-fn config(dir: &std::path::Path) -> PoolConfig {
-    PoolConfig {
-        name: PoolName::new("test").unwrap(),
-        id: PoolId(1),
-        class: DeviceClass::Ssd,
-        device_path: dir.join("pool.img"),
-        metadata_path: dir.join("meta/metadata.redb"),
-        size_bytes: Some(64 * MIB),
-        preallocate: false,
-        force: false,
-    }
-}
-
-fn filled(seed: u8, bytes: u64) -> Arc<BlockBuf> {
-    Arc::new(vec![seed; bytes as usize].into())
-}
 
 /// Where round `round` writes and how much: one to three blocks, so that
 /// records (a 64-byte header and their data) end all over their blocks.
@@ -43,27 +25,6 @@ fn direct_batches(volume: &Volume) -> u64 {
         .direct_batches
 }
 
-/// What a crash would leave: the pool's files copied while no apply pass
-/// runs, opened again (replay).
-fn crash_copy(pool: &Pool, dir: &std::path::Path) -> (tempfile::TempDir, Arc<Pool>) {
-    let copy = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(copy.path().join("meta")).unwrap();
-    pool.while_quiesced(|| {
-        std::fs::copy(
-            dir.join("meta/metadata.redb"),
-            copy.path().join("meta/metadata.redb"),
-        )
-        .unwrap();
-        std::fs::copy(dir.join("pool.img"), copy.path().join("pool.img")).unwrap();
-    });
-    let crashed = Pool::open(
-        &copy.path().join("pool.img"),
-        &copy.path().join("meta/metadata.redb"),
-    )
-    .unwrap();
-    (copy, crashed)
-}
-
 /// Write, flush, write, flush: every batch after the first block boundary
 /// rewrites the earlier records of its first block from memory. With the
 /// applier held back nothing is checkpointed, so replay must find every
@@ -72,7 +33,7 @@ fn crash_copy(pool: &Pool, dir: &std::path::Path) -> (tempfile::TempDir, Arc<Poo
 #[test]
 fn a_synchronous_writers_direct_batches_keep_the_records_before_them() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::create(config(dir.path())).unwrap();
+    let pool = test_pool(dir.path());
     let name = VolumeName::new("v").unwrap();
     pool.create_volume(&name, 16 * MIB).unwrap();
     let volume = pool.open_volume(&name).unwrap();
@@ -98,7 +59,7 @@ fn a_synchronous_writers_direct_batches_keep_the_records_before_them() {
         "only {} of {rounds} batches went direct",
         direct_batches(&volume)
     );
-    let (_copy, crashed) = crash_copy(&pool, dir.path());
+    let (_copy, crashed) = crash_copy(&pool, dir.path(), |_| {});
     let recovered = crashed.open_volume(&name).unwrap();
     for round in 0..rounds {
         let (offset, bytes) = place(round);
@@ -159,7 +120,7 @@ fn synchronous_writes(volume: &Volume) -> u64 {
 #[test]
 fn a_synchronous_writers_small_overwrites_take_the_journal() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Pool::create(config(dir.path())).unwrap();
+    let pool = test_pool(dir.path());
     let mut volumes = Vec::new();
     for name in ["v", "w"] {
         let name = VolumeName::new(name).unwrap();

@@ -1,26 +1,11 @@
 //! `write_now` and `sync_ahead`: the caller's thread writes and flushes the
 //! journal itself, and nothing else about the journal changes.
 
-use crate::{Pool, PoolConfig, Volume};
+use super::test_support::{crash_copy, test_pool, MIB};
+use crate::{Pool, Volume};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use trireme_types::{Attempt, BlockTarget, DeviceClass, PoolId, PoolName, VolumeName};
-
-const MIB: u64 = 1 << 20;
-
-fn pool(dir: &std::path::Path) -> Arc<Pool> {
-    Pool::create(PoolConfig {
-        name: PoolName::new("test").unwrap(),
-        id: PoolId(1),
-        class: DeviceClass::Ssd,
-        device_path: dir.join("pool.img"),
-        metadata_path: dir.join("meta/metadata.redb"),
-        size_bytes: Some(64 * MIB),
-        preallocate: false,
-        force: false,
-    })
-    .unwrap()
-}
+use trireme_types::{Attempt, BlockTarget, VolumeName};
 
 fn volume(pool: &Pool) -> Arc<Volume> {
     let name = VolumeName::new("v").unwrap();
@@ -52,7 +37,7 @@ fn until_journal_idle(volume: &Volume) {
 #[test]
 fn write_now_writes_on_the_callers_thread_when_the_journal_writer_is_idle() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = pool(dir.path());
+    let pool = test_pool(dir.path());
     let volume = volume(&pool);
     for round in 0..20u8 {
         until_journal_idle(&volume);
@@ -75,7 +60,7 @@ fn write_now_writes_on_the_callers_thread_when_the_journal_writer_is_idle() {
 #[test]
 fn write_now_hands_large_or_unaligned_writes_to_the_usual_path() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = pool(dir.path());
+    let pool = test_pool(dir.path());
     let volume = volume(&pool);
     volume
         .write_now(512, Arc::new(vec![7u8; 100].into()))
@@ -99,7 +84,7 @@ fn write_now_hands_large_or_unaligned_writes_to_the_usual_path() {
 #[test]
 fn sync_ahead_flushes_only_while_clients_flush() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = pool(dir.path());
+    let pool = test_pool(dir.path());
     let volume = volume(&pool);
     // The applier's checkpoints flush too: keep it out.
     pool.pause_applier(true);
@@ -125,7 +110,7 @@ fn sync_ahead_flushes_only_while_clients_flush() {
 #[test]
 fn try_flush_answers_at_once_only_when_everything_written_is_durable() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = pool(dir.path());
+    let pool = test_pool(dir.path());
     let volume = volume(&pool);
     // The applier's checkpoints flush too: keep it out.
     pool.pause_applier(true);
@@ -159,7 +144,7 @@ fn try_flush_answers_at_once_only_when_everything_written_is_durable() {
 #[test]
 fn concurrent_writers_keep_the_journal_in_order() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = pool(dir.path());
+    let pool = test_pool(dir.path());
     let volume = volume(&pool);
     let threads: Vec<_> = (0..4u64)
         .map(|thread| {
@@ -197,21 +182,7 @@ fn concurrent_writers_keep_the_journal_in_order() {
             assert_eq!(expected[at], (thread * 7 + round) as u8);
         }
     }
-    let copy = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(copy.path().join("meta")).unwrap();
-    pool.while_quiesced(|| {
-        std::fs::copy(
-            dir.path().join("meta/metadata.redb"),
-            copy.path().join("meta/metadata.redb"),
-        )
-        .unwrap();
-        std::fs::copy(dir.path().join("pool.img"), copy.path().join("pool.img")).unwrap();
-    });
-    let crashed = Pool::open(
-        &copy.path().join("pool.img"),
-        &copy.path().join("meta/metadata.redb"),
-    )
-    .unwrap();
+    let (_copy, crashed) = crash_copy(&pool, dir.path(), |_| {});
     let recovered = crashed.open_volume(&VolumeName::new("v").unwrap()).unwrap();
     let mut back = vec![0u8; expected.len()];
     recovered.read(0, &mut back).unwrap();
@@ -230,7 +201,7 @@ fn concurrent_writers_keep_the_journal_in_order() {
 #[test]
 fn the_applier_is_woken_only_for_a_batch_of_written_records() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = pool(dir.path());
+    let pool = test_pool(dir.path());
     let volume = volume(&pool);
     let asleep = |volume: &Volume| volume.engine.lock().applier_asleep;
     // Parks the applier where the flag is no longer its own: woken, it
@@ -303,7 +274,7 @@ fn the_applier_is_woken_only_for_a_batch_of_written_records() {
 #[test]
 fn an_admitted_write_is_read_at_once_and_flushes_wait_for_its_journal_write() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = pool(dir.path());
+    let pool = test_pool(dir.path());
     let volume = volume(&pool);
     until_journal_idle(&volume);
     let held = volume
@@ -350,7 +321,7 @@ fn an_admitted_write_is_read_at_once_and_flushes_wait_for_its_journal_write() {
 #[test]
 fn a_held_write_dropped_unfinished_is_still_written() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = pool(dir.path());
+    let pool = test_pool(dir.path());
     let volume = volume(&pool);
     until_journal_idle(&volume);
     let held = volume.admit_now(0, block(3).into()).unwrap();
