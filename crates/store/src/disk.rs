@@ -35,8 +35,8 @@ pub trait Disk: Send + Sync {
     fn write_vectored_at(&self, slices: &mut [IoSlice<'_>], offset: u64) -> io::Result<()>;
 
     /// Like [`Disk::write_vectored_at`], for whole 4 KiB blocks in
-    /// page-aligned memory at a block-aligned offset (fresh chunks, a
-    /// synchronous writer's journal blocks and in-place data): the device
+    /// page-aligned memory at a block-aligned offset (whole chunks, a
+    /// synchronous writer's journal blocks): the device
     /// may take them without copying them into the page cache
     /// (`O_DIRECT`), and then has them when the call returns.
     fn write_direct_at(&self, slices: &mut [IoSlice<'_>], offset: u64) -> io::Result<()>;
@@ -88,12 +88,12 @@ pub trait Disk: Send + Sync {
 /// second descriptor of it with `O_DIRECT` where the file system allows.
 pub struct FileDisk {
     file: File,
-    /// The same device opened with `O_DIRECT`, for whole fresh chunks (a
-    /// stream of them, a copy, a restore, a sequential write, goes to the
-    /// device without a copy into the page cache, which was the single
-    /// biggest cost of large writes) and a synchronous writer's blocks. `None` where the file system refuses
-    /// `O_DIRECT` (tmpfs before Linux 6.6, some FUSE ones): those writes
-    /// stay buffered.
+    /// The same device opened with `O_DIRECT`, for whole chunks (a stream
+    /// of them, a copy, a restore, a sequential write, goes to the device
+    /// without a copy into the page cache, which was the single biggest
+    /// cost of large writes) and a synchronous writer's journal blocks.
+    /// `None` where the file system refuses `O_DIRECT` (tmpfs before Linux
+    /// 6.6, some FUSE ones): those writes stay buffered.
     direct: Option<File>,
     is_block_device: bool,
 }

@@ -97,8 +97,15 @@ impl Engine {
 }
 
 /// While a caller asked for a flush this recently, each batch is flushed
-/// as soon as it is written and nothing more waits.
-pub(super) const EAGER_SYNC_WINDOW: std::time::Duration = std::time::Duration::from_millis(50);
+/// as soon as it is written and nothing more waits, and its writer counts
+/// as synchronous (`batch_path`, `write::is_synchronous`).
+const EAGER_SYNC_WINDOW: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// True if a client's last FLUSH or FUA (`at`) lies within
+/// [`EAGER_SYNC_WINDOW`].
+pub(super) fn flushed_recently(at: Option<std::time::Instant>) -> bool {
+    at.is_some_and(|at| at.elapsed() < EAGER_SYNC_WINDOW)
+}
 
 /// How the writing role writes a batch: through the page cache, or with
 /// `O_DIRECT` (see [`Engine::batch_path`]).
@@ -116,8 +123,8 @@ pub(super) enum BatchPath {
 impl Engine {
     /// How the next batch goes to the device. A synchronous writer (one
     /// that flushed in the last 50 ms) waits for the device after every
-    /// write anyway; written with `O_DIRECT`, its records and in-place data
-    /// are on the device when `pwrite` returns, and the `fdatasync` that
+    /// write anyway; written with `O_DIRECT`, its records are on the device
+    /// when `pwrite` returns, and the `fdatasync` that
     /// follows only flushes the device's cache. Through the page cache, the
     /// same `fdatasync` first had to find and write back the dirty pages:
     /// 50 µs more per node and cycle on this machine's three-replica J1
@@ -125,10 +132,7 @@ impl Engine {
     /// flush keep the page cache, whose `pwrite` returns without waiting
     /// for the device.
     pub(super) fn batch_path(&self, state: &State) -> BatchPath {
-        let synchronous = state
-            .last_flush_request
-            .is_some_and(|at| at.elapsed() < EAGER_SYNC_WINDOW);
-        if self.direct_sync && synchronous {
+        if self.direct_sync && flushed_recently(state.last_flush_request) {
             BatchPath::Direct {
                 limit: state.tail + self.layout.journal_bytes,
             }
@@ -147,9 +151,7 @@ impl Engine {
         &'a self,
         state: MutexGuard<'a, State>,
     ) -> MutexGuard<'a, State> {
-        let recent = state
-            .last_flush_request
-            .is_some_and(|at| at.elapsed() < EAGER_SYNC_WINDOW);
+        let recent = flushed_recently(state.last_flush_request);
         let idle = state.next_sequence - 1 == state.written_sequence;
         if !recent || !idle || state.flushing || state.durable_sequence >= state.written_sequence {
             return state;
@@ -255,19 +257,14 @@ impl Engine {
                     // where `O_DIRECT` cost 25-36 µs of CPU per 4 KiB write
                     // and waited for the device. The applier starts their
                     // write-back and counts them into its budget once their
-                    // records are applied (`writeback`).
-                    // A synchronous writer's go to the device at once
-                    // (`batch_path`): whole blocks of page-aligned memory.
+                    // records are applied (`writeback`). Also in a batch
+                    // written with `O_DIRECT`: a synchronous writer's small
+                    // writes are journaled, so these are other volumes'
+                    // (one device round trip each would stall the batch)
+                    // or admitted before their writer turned synchronous
+                    // (its `fdatasync` writes them back).
                     for (device_offset, range) in direct_runs(&self.layout, record, direct) {
-                        match path {
-                            BatchPath::Buffered => {
-                                self.disk.write_at(&data[range], device_offset)?
-                            }
-                            BatchPath::Direct { .. } => self.disk.write_direct_at(
-                                &mut [IoSlice::new(&data[range])],
-                                device_offset,
-                            )?,
-                        }
+                        self.disk.write_at(&data[range], device_offset)?;
                     }
                     let mut payload = encode_redirect_payload(direct, block_crcs);
                     payload.resize((record.journal_bytes - HEADER_BYTES) as usize, 0);

@@ -6,7 +6,7 @@
 
 use super::active::Journaled;
 use super::admission_queue::Needs;
-use super::journal_writer::{BatchPath, EAGER_SYNC_WINDOW};
+use super::journal_writer::{flushed_recently, BatchPath};
 use super::stalls::AdmissionWait;
 use super::{bug, Background, Engine, State, VolumeState};
 use crate::journal::{
@@ -847,12 +847,10 @@ fn note_client_flush(state: &mut State, volume: VolumeId) {
     }
 }
 
-/// A synchronous writer's volume: its client flushed in the last
-/// [`EAGER_SYNC_WINDOW`]. Its small writes take the journal (*Which
+/// A synchronous writer's volume: its client flushed in the last 50 ms
+/// (`flushed_recently`). Its small writes take the journal (*Which
 /// writes*); the other volumes' are not made to, though the pool's batches
 /// go with `O_DIRECT` while any client flushes (`batch_path`).
 fn is_synchronous(volume: &VolumeState) -> bool {
-    volume
-        .last_flush_request
-        .is_some_and(|at| at.elapsed() < EAGER_SYNC_WINDOW)
+    flushed_recently(volume.last_flush_request)
 }
