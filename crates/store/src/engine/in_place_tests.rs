@@ -160,3 +160,52 @@ fn a_partial_write_behind_a_pending_whole_chunk_write_takes_the_journal() {
     drop(volume);
     after_reopen(dir.path(), pool, CHUNK_BYTES, expect);
 }
+
+/// The journal writer starts a batch's whole chunks while the batches
+/// before it still wait for theirs (`journal_writer`, *Batches in
+/// flight* in docs/store-format.md). Rewriting the same chunks round after
+/// round puts writes of one chunk in batches in flight together: the later
+/// one must wait, or the two land in either order and the device keeps the
+/// older data under the newer record.
+#[test]
+fn batches_in_flight_together_leave_each_chunks_last_write() {
+    const CHUNKS: u64 = 96;
+    const ROUNDS: u8 = 30;
+    let dir = tempfile::tempdir().unwrap();
+    let pool = test_pool(dir.path());
+    let volume = ready_volume(&pool, CHUNKS);
+    // 128 KiB writes, as sequential streams send them, from three threads
+    // (a third of the chunks each): 180 MiB a pass, more than the
+    // held-data limit, so records pile up behind the batches in flight.
+    // Whether they do is up to the threads' timing: passes go on until a
+    // batch was started ahead.
+    let mut last = 0;
+    for pass in 0..5u8 {
+        std::thread::scope(|scope| {
+            for third in 0..3 {
+                let volume = &volume;
+                scope.spawn(move || {
+                    for round in 1..=ROUNDS {
+                        for pair in (third * CHUNKS / 6)..((third + 1) * CHUNKS / 6) {
+                            let data = filled(pass * ROUNDS + round, 2 * CHUNK_BYTES);
+                            volume
+                                .write_shared(pair * 2 * CHUNK_BYTES, data, false)
+                                .unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        volume.flush().unwrap();
+        last = pass * ROUNDS + ROUNDS;
+        if volume.engine.lock().batches_started_ahead > 0 {
+            break;
+        }
+    }
+    assert!(
+        volume.engine.lock().batches_started_ahead > 0,
+        "no batch was started ahead"
+    );
+    drop(volume);
+    after_reopen(dir.path(), pool, CHUNKS * CHUNK_BYTES, all(last));
+}

@@ -194,6 +194,9 @@ pub struct State {
     /// a caller of `write_now` that found it idle. Only one at a time, so
     /// records reach the file in sequence order.
     pub writing: bool,
+    /// Batches the journal writer started while an earlier one's records
+    /// were not written yet (`journal_writer`, pipelined).
+    pub batches_started_ahead: u64,
     /// Records after `applied_sequence`, in sequence order.
     pub unapplied: VecDeque<Arc<Record>>,
     pub unapplied_bytes: u64,
@@ -287,6 +290,7 @@ impl State {
             journal_idle: false,
             applier_asleep: false,
             writing: false,
+            batches_started_ahead: 0,
             unapplied: VecDeque::new(),
             unapplied_bytes: 0,
             unstarted_bytes: 0,
@@ -477,6 +481,9 @@ pub struct Engine {
     /// A synchronous writer's batches go to the device with `O_DIRECT`
     /// (`EngineOptions::direct_sync`).
     pub direct_sync: bool,
+    /// The journal writer starts a batch's whole chunks before it writes
+    /// the records of the batch before (`EngineOptions::pipeline_batches`).
+    pub pipeline_batches: bool,
     /// The journal's last partial block, for those direct batches; only
     /// the thread holding the writing role locks it.
     pub(crate) journal_tail: Mutex<journal_tail::JournalTail>,
@@ -530,6 +537,11 @@ pub struct EngineOptions {
     /// to the device with `O_DIRECT` (see `journal_writer::BatchPath`). On
     /// by default; `TRIREME_DIRECT_SYNC=0` turns it off in a node.
     pub direct_sync: bool,
+    /// The journal writer's helpers write the next batch's whole chunks
+    /// while it writes the records of the batch before, so the device
+    /// never waits for a batch to end (see `journal_writer`). On by
+    /// default; `TRIREME_PIPELINE=0` turns it off in a node.
+    pub pipeline_batches: bool,
     #[cfg(feature = "bug-switches")]
     pub bugs: BugSwitches,
 }
@@ -540,6 +552,7 @@ impl EngineOptions {
         EngineOptions {
             direct_writes: std::env::var("TRIREME_DIRECT_WRITES").as_deref() != Ok("0"),
             direct_sync: std::env::var("TRIREME_DIRECT_SYNC").as_deref() != Ok("0"),
+            pipeline_batches: std::env::var("TRIREME_PIPELINE").as_deref() != Ok("0"),
             ..EngineOptions::new(Background::Threads)
         }
     }
@@ -551,6 +564,9 @@ impl EngineOptions {
             // Off unless asked for: tests of direct writes that flush keep
             // them (the simulator turns it on for half its seeds).
             direct_sync: false,
+            // Only the journal writer thread with helpers (a file's pool,
+            // `Background::Threads`) pipelines.
+            pipeline_batches: true,
             #[cfg(feature = "bug-switches")]
             bugs: BugSwitches::default(),
         }

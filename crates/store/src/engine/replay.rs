@@ -159,6 +159,7 @@ pub fn open_engine(
         active_set_lock: Mutex::new(()),
         direct_writes: options.direct_writes,
         direct_sync: options.direct_sync,
+        pipeline_batches: options.pipeline_batches,
         journal_tail: Default::default(),
         checksum_errors: AtomicU64::new(0),
         #[cfg(feature = "bug-switches")]
