@@ -5,6 +5,7 @@
 //! into a `BlockBuf` and goes to the device from there: no bounce copy on
 //! the way. Everywhere else it is just a byte slice (`Deref<Target = [u8]>`).
 
+use crate::huge_slab;
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
@@ -18,6 +19,10 @@ pub struct BlockBuf {
     capacity: usize,
     /// Bytes initialised, from the start.
     len: usize,
+    /// The slot class when the memory is a slot of `huge_slab` (buffers of
+    /// 64 KiB to 2 MiB: physically contiguous, so a device request from it
+    /// is one segment), else `None` (the heap).
+    slot: Option<u8>,
 }
 
 // SAFETY: a BlockBuf owns its allocation alone, as a Vec<u8> does.
@@ -35,6 +40,7 @@ impl BlockBuf {
             ptr: NonNull::dangling(),
             capacity: 0,
             len: 0,
+            slot: None,
         }
     }
 
@@ -81,10 +87,38 @@ impl BlockBuf {
         let capacity = wanted
             .checked_next_multiple_of(Self::ALIGN)
             .expect("BlockBuf capacity overflows usize");
+        if let Some(class) = huge_slab::class_of(capacity) {
+            if let Some(slot) = huge_slab::take(class) {
+                // SAFETY: the slot holds class_bytes(class) >= capacity >
+                // len bytes, and is nobody else's.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), slot.as_ptr(), self.len)
+                };
+                let len = self.len;
+                self.release();
+                self.len = len;
+                self.ptr = slot;
+                self.capacity = huge_slab::class_bytes(class);
+                self.slot = Some(class as u8);
+                return;
+            }
+        }
         let layout = Self::layout(capacity);
         let ptr = if self.capacity == 0 {
             // SAFETY: the layout's size is not zero.
             unsafe { std::alloc::alloc(layout) }
+        } else if self.slot.is_some() {
+            // SAFETY: the layout's size is not zero; the new memory holds
+            // capacity > len bytes.
+            let ptr = unsafe { std::alloc::alloc(layout) };
+            if !ptr.is_null() {
+                // SAFETY: both hold at least len bytes; they are distinct.
+                unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), ptr, self.len) };
+                let len = self.len;
+                self.release();
+                self.len = len;
+            }
+            ptr
         } else {
             // SAFETY: ptr was allocated with the layout of self.capacity,
             // and the new size, a multiple of ALIGN, is not zero.
@@ -92,6 +126,24 @@ impl BlockBuf {
         };
         self.ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         self.capacity = capacity;
+        self.slot = None;
+    }
+
+    /// Frees the memory (to its slot list or the heap); the buffer is then
+    /// empty, with no memory.
+    fn release(&mut self) {
+        if self.capacity != 0 {
+            match self.slot.take() {
+                Some(class) => huge_slab::give_back(class as usize, self.ptr),
+                // SAFETY: allocated with exactly this layout.
+                None => unsafe {
+                    std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.capacity))
+                },
+            }
+        }
+        self.ptr = NonNull::dangling();
+        self.capacity = 0;
+        self.len = 0;
     }
 
     pub fn extend_from_slice(&mut self, bytes: &[u8]) {
@@ -120,10 +172,7 @@ impl BlockBuf {
 
 impl Drop for BlockBuf {
     fn drop(&mut self) {
-        if self.capacity != 0 {
-            // SAFETY: allocated with exactly this layout.
-            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.capacity)) }
-        }
+        self.release();
     }
 }
 
@@ -244,6 +293,26 @@ mod tests {
             assert!(buffer.capacity() >= size);
             assert!(buffer.is_empty());
         }
+    }
+
+    #[test]
+    fn buffers_of_64_kib_to_2_mib_are_slots_and_keep_their_bytes_as_they_grow() {
+        let mut buffer = BlockBuf::new();
+        let mut model = Vec::new();
+        // From the heap, through every slot size, past 2 MiB to the heap.
+        for round in 0..700u32 {
+            let piece = [round as u8; 4099];
+            buffer.extend_from_slice(&piece);
+            model.extend_from_slice(&piece);
+            let in_slot = buffer.slot.is_some();
+            let slot_sized = (64 << 10..=2 << 20).contains(&buffer.capacity());
+            assert_eq!(in_slot, slot_sized, "capacity {}", buffer.capacity());
+            assert_eq!(buffer.as_ptr() as usize % BlockBuf::ALIGN, 0);
+        }
+        assert!(buffer.capacity() > 2 << 20);
+        assert_eq!(&buffer[..], &model[..]);
+        let slot = BlockBuf::zeroed(128 << 10);
+        assert!(slot.slot.is_some() && slot.iter().all(|&byte| byte == 0));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //!   the control plane alike.
 
 pub mod buffer;
+mod huge_slab;
 pub mod ids;
 pub mod size;
 pub mod target;
