@@ -1,4 +1,4 @@
-//! Memory for large [`BlockBuf`]s: slots of 64 KiB to 2 MiB carved from
+//! Memory for large `BlockBuf`s (the `buffer` module): slots of 64 KiB to 2 MiB carved from
 //! 2 MiB regions that the kernel is asked to back with transparent huge
 //! pages (`MADV_HUGEPAGE`), so that a buffer is one physically contiguous
 //! piece of memory.
@@ -18,8 +18,6 @@
 //! flight). Where `mmap` fails, or the kernel has no huge page to give,
 //! buffers come from the heap or from small pages, as before: correct,
 //! only slower.
-//!
-//! [`BlockBuf`]: crate::buffer::BlockBuf
 
 use std::ptr::NonNull;
 use std::sync::Mutex;
