@@ -111,7 +111,11 @@ pub fn run_journal_writer(engine: Arc<Engine>) {
         let path = engine.batch_path(&state);
         state.writing = true;
         drop(state);
-        if pipelined && batch.iter().any(|record| has_whole_chunks(record)) {
+        if pipelined
+            && batch
+                .iter()
+                .any(|record| whole_chunk_targets(record).is_some())
+        {
             in_flight.push_back((
                 engine.start_batch(batch, helper.as_ref(), Share::Helpers),
                 path,
@@ -320,20 +324,15 @@ impl Engine {
             if let RecordBody::Write {
                 data,
                 block_crcs,
-                fresh_chunks,
                 direct,
+                ..
             } = &record.body
             {
-                if !fresh_chunks.is_empty() || record.is_direct_whole_chunks() {
+                if let Some(targets) = whole_chunk_targets(record) {
                     // Whole chunks: a redirect's fresh ones, or in place.
                     // With `O_DIRECT` from the request's buffer, after every
                     // buffered write of the batch (docs/store-format.md,
                     // *Which writes*).
-                    let targets = if fresh_chunks.is_empty() {
-                        direct
-                    } else {
-                        fresh_chunks
-                    };
                     debug_assert_eq!(data.len(), targets.len() * CHUNK_BYTES as usize);
                     chunks.extend(targets.iter().enumerate().map(|(index, physical)| {
                         DirectPiece {
@@ -621,35 +620,24 @@ impl Started {
         if self.chunk_offsets.is_empty() {
             return false;
         }
-        next.iter().any(|record| match &record.body {
-            RecordBody::Write {
-                fresh_chunks,
-                direct,
-                ..
-            } if has_whole_chunks(record) => {
-                let targets = if fresh_chunks.is_empty() {
-                    direct
-                } else {
-                    fresh_chunks
-                };
-                targets.iter().any(|physical| {
-                    let offset = layout.data_offset + *physical as u64 * CHUNK_BYTES;
-                    self.chunk_offsets.binary_search(&offset).is_ok()
-                })
-            }
-            _ => false,
-        })
+        next.iter()
+            .filter_map(|record| whole_chunk_targets(record))
+            .flatten()
+            .any(|physical| {
+                let offset = layout.data_offset + *physical as u64 * CHUNK_BYTES;
+                self.chunk_offsets.binary_search(&offset).is_ok()
+            })
     }
 }
 
-/// True if `record` writes whole chunks with `O_DIRECT` before its record
-/// (a redirect's fresh chunks, or a whole-chunk direct write).
-fn has_whole_chunks(record: &Record) -> bool {
+/// The physical chunks `record` writes whole with `O_DIRECT` before its
+/// record is written: a redirect's fresh chunks, or a whole-chunk direct
+/// write's own; `None` for every other record.
+fn whole_chunk_targets(record: &Record) -> Option<&[u32]> {
     match &record.body {
-        RecordBody::Write { fresh_chunks, .. } => {
-            !fresh_chunks.is_empty() || record.is_direct_whole_chunks()
-        }
-        _ => false,
+        RecordBody::Write { fresh_chunks, .. } if !fresh_chunks.is_empty() => Some(fresh_chunks),
+        RecordBody::Write { direct, .. } if record.is_direct_whole_chunks() => Some(direct),
+        _ => None,
     }
 }
 
