@@ -91,15 +91,7 @@ impl BlockBuf {
             if let Some(slot) = huge_slab::take(class) {
                 // SAFETY: the slot holds class_bytes(class) >= capacity >
                 // len bytes, and is nobody else's.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), slot.as_ptr(), self.len)
-                };
-                let len = self.len;
-                self.release();
-                self.len = len;
-                self.ptr = slot;
-                self.capacity = huge_slab::class_bytes(class);
-                self.slot = Some(class as u8);
+                unsafe { self.move_to(slot, huge_slab::class_bytes(class), Some(class as u8)) };
                 return;
             }
         }
@@ -108,17 +100,13 @@ impl BlockBuf {
             // SAFETY: the layout's size is not zero.
             unsafe { std::alloc::alloc(layout) }
         } else if self.slot.is_some() {
-            // SAFETY: the layout's size is not zero; the new memory holds
-            // capacity > len bytes.
+            // SAFETY: the layout's size is not zero.
             let ptr = unsafe { std::alloc::alloc(layout) };
-            if !ptr.is_null() {
-                // SAFETY: both hold at least len bytes; they are distinct.
-                unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), ptr, self.len) };
-                let len = self.len;
-                self.release();
-                self.len = len;
-            }
-            ptr
+            let ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+            // SAFETY: the new memory holds capacity > len bytes, is the
+            // heap's with this layout, and is nobody else's.
+            unsafe { self.move_to(ptr, capacity, None) };
+            return;
         } else {
             // SAFETY: ptr was allocated with the layout of self.capacity,
             // and the new size, a multiple of ALIGN, is not zero.
@@ -127,6 +115,24 @@ impl BlockBuf {
         self.ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         self.capacity = capacity;
         self.slot = None;
+    }
+
+    /// Copies the bytes in use to `to`, frees the old memory, and keeps
+    /// `to` (a slot of class `slot`, or heap memory of `capacity` bytes
+    /// with `Self::layout(capacity)` when `slot` is `None`).
+    ///
+    /// # Safety
+    /// `to` holds at least `capacity` >= `self.len` bytes, does not overlap
+    /// this buffer's memory, and is given to this buffer alone.
+    unsafe fn move_to(&mut self, to: NonNull<u8>, capacity: usize, slot: Option<u8>) {
+        // SAFETY: the caller's promise: room for len bytes, no overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), to.as_ptr(), self.len) };
+        let len = self.len;
+        self.release();
+        self.ptr = to;
+        self.len = len;
+        self.capacity = capacity;
+        self.slot = slot;
     }
 
     /// Frees the memory (to its slot list or the heap); the buffer is then

@@ -1,7 +1,7 @@
-//! Memory for large `BlockBuf`s (the `buffer` module): slots of 64 KiB to 2 MiB carved from
-//! 2 MiB regions that the kernel is asked to back with transparent huge
-//! pages (`MADV_HUGEPAGE`), so that a buffer is one physically contiguous
-//! piece of memory.
+//! Memory for large `BlockBuf`s (the `buffer` module): slots of 64 KiB
+//! to 2 MiB carved from 2 MiB regions that the kernel is asked to back
+//! with transparent huge pages (`MADV_HUGEPAGE`), so that a buffer is one
+//! physically contiguous piece of memory.
 //!
 //! Why: a write's data goes to the device with `O_DIRECT` straight from
 //! its buffer, and the block layer makes one segment of each physically
