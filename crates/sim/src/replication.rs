@@ -2294,6 +2294,7 @@ impl Sim {
             self.arbiter.view.in_sync.iter().map(|n| n.0).collect::<Vec<_>>()
         ));
         let mut primary = Primary::new(config, self.now);
+        primary.set_thorough_checks(true);
         primary.set_bugs(EngineBugs {
             ack_before_quorum: self.cfg.ack_before_quorum,
         });

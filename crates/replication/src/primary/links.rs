@@ -119,6 +119,7 @@ impl Primary {
         for write in self.writes.values_mut() {
             write.errors.retain(|(n, _)| *n != node);
         }
+        self.completion.all = true;
         type Resend = (u64, Option<(u64, Payload, bool)>);
         let pending: Vec<Resend> = self
             .writes
@@ -441,6 +442,7 @@ impl Primary {
                 write.persist_token = write.persist_token.max(token);
             }
         }
+        self.completion.all = true;
         self.set_local_readable_from_state();
     }
 
@@ -468,6 +470,7 @@ impl Primary {
         for write in self.writes.values_mut() {
             write.acked.remove(&node);
         }
+        self.completion.all = true;
         self.stop_waiting_for(node);
         let member = self.members.get_mut(&node).expect("checked");
         member.link = Link::Down;
@@ -600,6 +603,7 @@ impl Primary {
                     write.persist_token = write.persist_token.max(token);
                 }
             }
+            self.completion.all = true;
         } else if map_grew {
             // Persisted now, not at its next write: an engine that stops
             // before then would hand its successor a map without them
@@ -611,6 +615,7 @@ impl Primary {
                     write.persist_token = write.persist_token.max(token);
                 }
             }
+            self.completion.all = true;
         }
         if let Phase::Reconciling { welcomes, .. } = &mut self.phase {
             welcomes.remove(&node);
