@@ -23,7 +23,7 @@ use std::process::ExitCode;
 /// glibc's malloc and free were 9% of all CPU samples during 4 KiB random
 /// writes to three replicas (`perf record -a`). With mimalloc the same job
 /// ran 8% faster at 5% less CPU per write (bench/RESULTS.md,
-/// *replicated-allocator*). Write buffers of 64 KiB to 2 MiB do not come
+/// *replicated-cpu-notes*). Write buffers of 64 KiB to 2 MiB do not come
 /// from here but from huge-page slots (trireme-types, `huge_slab`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
