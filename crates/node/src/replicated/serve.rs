@@ -16,7 +16,7 @@
 //! only the flush's does, and the flush is read after the journal write.
 
 use std::collections::BTreeMap;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +29,7 @@ use trireme_types::{BlockTarget, Generation, SnapshotId, TargetError, VolumeName
 
 use super::clock::Clock;
 use super::meta::{ReplicaMeta, ReplicationMeta};
-use super::wire::{push_frame, read_to_replica, write_frame, LinkOpen};
+use super::wire::{frame_buffered, push_frame, read_to_replica, write_frame, LinkOpen};
 use crate::cluster::replication_port::ControlPort;
 use crate::{Node, NodeError};
 use trireme_control::ReplicaKind;
@@ -266,9 +266,14 @@ impl ReplicaService {
             .map_err(|error| std::io::Error::other(error.to_string()))?;
         let link = self.next_link.fetch_add(1, Ordering::Relaxed);
         let mut reader = BufReader::with_capacity(LINK_BUFFER_BYTES, reader);
-        let mut writer = BufWriter::with_capacity(LINK_BUFFER_BYTES, writer);
+        let mut writer = writer;
         let mut frame = Vec::new();
-        let mut out = Vec::new();
+        // Answers not sent yet, in order.
+        let mut answers = Vec::new();
+        // Small writes answered and admitted, whose records this thread
+        // writes to the journal together once the messages at hand are
+        // handled: it holds the pool's writing role meanwhile.
+        let mut held: Option<HeldWrite<'_>> = None;
         let result = loop {
             let message = match read_to_replica(&mut reader, &mut frame) {
                 Err(error) => break Err(error),
@@ -280,43 +285,38 @@ impl ReplicaService {
                     ))
                 }
             };
-            let (reply, close, mut held) =
-                self.handle_answer_first(name, volume.as_deref(), &side, link, message);
+            let (reply, close) =
+                self.handle_answer_first(name, volume.as_deref(), &side, link, message, &mut held);
             if let Some(reply) = reply {
-                out.clear();
-                push_frame(&mut out, |body| reply.encode(body));
-                let mut rest = &out[..];
-                if held.is_some() {
-                    // This thread holds the pool's writing role, which must
-                    // never wait on the primary: the answer goes ahead of
-                    // the journal write only when it would be sent now
-                    // anyway and the socket takes it without waiting.
-                    // Otherwise the write reaches the journal first, as
-                    // before answers went ahead.
-                    if reader.buffer().is_empty() && writer.buffer().is_empty() {
-                        match send_without_waiting(writer.get_ref(), rest) {
-                            Ok(sent) => rest = &rest[sent..],
-                            Err(error) => break Err(error),
-                        }
-                    }
-                    if !rest.is_empty() {
-                        if let Some(held) = held.take() {
-                            finish_held(name, held);
-                        }
-                    }
+                push_frame(&mut answers, |body| reply.encode(body));
+            }
+            // The next message is here whole: reading it cannot wait on
+            // the primary, so the answers and the held records wait for it.
+            if !close && frame_buffered(reader.buffer()) && answers.len() < LINK_BUFFER_BYTES {
+                continue;
+            }
+            // The answers go first, ahead of the journal write, when the
+            // socket takes them without waiting: this thread holds the
+            // pool's writing role, which must never wait on the primary.
+            let mut rest = &answers[..];
+            if held.is_some() && !rest.is_empty() {
+                match send_without_waiting(&writer, rest) {
+                    Ok(sent) => rest = &rest[sent..],
+                    Err(error) => break Err(error),
+                }
+            }
+            if !rest.is_empty() {
+                if let Some(held) = held.take() {
+                    finish_held(name, held);
                 }
                 if let Err(error) = writer.write_all(rest) {
                     break Err(error);
                 }
             }
-            if close || reader.buffer().is_empty() {
-                if let Err(error) = writer.flush() {
-                    break Err(error);
-                }
-            }
-            // The write was answered once admitted; it reaches the journal
-            // now, before the next message is read.
-            if let Some(held) = held {
+            answers.clear();
+            // The writes were answered once admitted; they reach the
+            // journal now, before the next message is read.
+            if let Some(held) = held.take() {
                 finish_held(name, held);
             }
             if close {
@@ -346,7 +346,8 @@ impl ReplicaService {
         link: u64,
         message: ToReplica,
     ) -> (Option<FromReplica>, bool) {
-        let (reply, close, held) = self.handle_answer_first(name, volume, side, link, message);
+        let mut held = None;
+        let (reply, close) = self.handle_answer_first(name, volume, side, link, message, &mut held);
         if let Some(held) = held {
             finish_held(name, held);
         }
@@ -370,7 +371,23 @@ impl ReplicaService {
         side: &Mutex<ReplicaSide>,
         link: u64,
         message: ToReplica,
-    ) -> (Option<FromReplica>, bool, Option<HeldWrite<'v>>) {
+        held: &mut Option<HeldWrite<'v>>,
+    ) -> (Option<FromReplica>, bool) {
+        // Only a small plain write may join the writes this thread holds:
+        // anything else may wait on the store (a flush, for the journal
+        // this thread is to write), so they reach the journal first.
+        if !matches!(
+            message,
+            ToReplica::Write {
+                payload: Payload::Data(_),
+                fua: false,
+                ..
+            }
+        ) {
+            if let Some(held) = held.take() {
+                finish_held(name, held);
+            }
+        }
         // A hello put off is handled again, as it was, once the wait is over.
         let hello = matches!(message, ToReplica::Hello { .. }).then(|| message.clone());
         let mut message = Some(message);
@@ -384,8 +401,8 @@ impl ReplicaService {
                 .driver
                 .receive(&mut side, link, next, now, volume.is_some())
             {
-                Step::Reply(reply) => return (Some(reply), false, None),
-                Step::Refuse(refusal) => return (Some(refusal), true, None),
+                Step::Reply(reply) => return (Some(reply), false),
+                Step::Refuse(refusal) => return (Some(refusal), true),
                 Step::Wait { until_ms } => {
                     // A former primary may still hold a read lease from
                     // this copy: this link waits (older ones are refused
@@ -397,9 +414,9 @@ impl ReplicaService {
                 Step::Welcome { durable, welcome } => {
                     if let Err(error) = self.persist(name, durable) {
                         tracing::error!(%error, volume = %name, "cannot persist the accepted generation; refusing the primary");
-                        return (None, true, None);
+                        return (None, true);
                     }
-                    return (Some(welcome), false, None);
+                    return (Some(welcome), false);
                 }
                 Step::Close { durable } => {
                     if let Some(durable) = durable {
@@ -407,19 +424,19 @@ impl ReplicaService {
                             tracing::warn!(%error, volume = %name, "cannot record the clean detach");
                         }
                     }
-                    return (None, true, None);
+                    return (None, true);
                 }
                 Step::DataForTiebreaker => {
                     // A primary never sends data to a tiebreaker; one that
                     // does is confused: close the link.
                     tracing::warn!(volume = %name, "a primary sent data to this tiebreaker; closing the link");
-                    return (None, true, None);
+                    return (None, true);
                 }
                 Step::Store(message) => {
                     drop(side);
                     let volume = volume.expect("the driver sends data only to a copy");
-                    let (reply, held) = execute_answer_first(volume, message);
-                    return (Some(reply), false, held);
+                    let reply = execute_answer_first(name, volume, message, held);
+                    return (Some(reply), false);
                 }
             }
         }
@@ -432,12 +449,15 @@ pub(super) fn execute(volume: &Volume, message: ToReplica) -> FromReplica {
 }
 
 /// [`execute`], except that a small plain write inside the volume is only
-/// admitted: its answer, and what is left to write (see
-/// [`ReplicaService::handle_answer_first`]).
-fn execute_answer_first(
-    volume: &Volume,
+/// admitted: its answer, with what is left to write in `held` (see
+/// [`ReplicaService::handle_answer_first`]). A write joins the writes held
+/// already when it can; otherwise they are written first.
+fn execute_answer_first<'v>(
+    name: &VolumeName,
+    volume: &'v Volume,
     message: ToReplica,
-) -> (FromReplica, Option<HeldWrite<'_>>) {
+    held: &mut Option<HeldWrite<'v>>,
+) -> FromReplica {
     match message {
         ToReplica::Write {
             seq,
@@ -449,24 +469,31 @@ fn execute_answer_first(
             .checked_add(data.len() as u64)
             .is_some_and(|end| end <= volume.size_bytes()) =>
         {
-            match volume.admit_now(offset, data) {
-                Ok(held) => (
-                    FromReplica::Ack {
-                        seq,
-                        result: Ok(()),
-                    },
-                    held,
-                ),
-                Err(error) => (
-                    FromReplica::Ack {
-                        seq,
-                        result: Err(replica_error(error)),
-                    },
-                    None,
-                ),
+            let joined = match held.as_mut() {
+                Some(gathering) => gathering.admit_also(offset, data),
+                None => Ok(Some(data)),
+            };
+            let result = match joined {
+                Ok(None) => Ok(()),
+                Ok(Some(data)) => {
+                    if let Some(gathering) = held.take() {
+                        finish_held(name, gathering);
+                    }
+                    volume.admit_now(offset, data).map(|now| *held = now)
+                }
+                Err(error) => Err(error),
+            };
+            FromReplica::Ack {
+                seq,
+                result: result.map_err(replica_error),
             }
         }
-        message => (execute(volume, message), None),
+        message => {
+            if let Some(gathering) = held.take() {
+                finish_held(name, gathering);
+            }
+            execute(volume, message)
+        }
     }
 }
 

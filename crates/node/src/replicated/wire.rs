@@ -222,6 +222,18 @@ pub fn read_to_replica(
     Ok(ToReplica::decode(frame))
 }
 
+/// Whether `buffered`, bytes read from a link and not consumed yet, starts
+/// with a whole frame: reading it then takes no wait on the sender.
+pub fn frame_buffered(buffered: &[u8]) -> bool {
+    match buffered.get(..4) {
+        Some(length) => {
+            let length = u32::from_le_bytes(length.try_into().expect("four bytes")) as usize;
+            buffered.len() - 4 >= length
+        }
+        None => false,
+    }
+}
+
 fn check_length(length: usize) -> io::Result<()> {
     if length > MAX_FRAME_BYTES {
         return Err(io::Error::new(
@@ -266,6 +278,22 @@ pub async fn read_frame_async(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frame_counts_as_buffered_only_when_all_of_it_is() {
+        let mut out = Vec::new();
+        push_frame(&mut out, |body| body.extend_from_slice(b"hello"));
+        push_frame(&mut out, |body| body.extend_from_slice(b"more"));
+        let first = 4 + 5;
+        assert!(!frame_buffered(&[]));
+        assert!(!frame_buffered(&out[..3]), "the length itself cut off");
+        assert!(!frame_buffered(&out[..4]));
+        assert!(!frame_buffered(&out[..first - 1]), "one byte short");
+        assert!(frame_buffered(&out[..first]));
+        assert!(frame_buffered(&out), "the second one partly there too");
+        assert!(!frame_buffered(&out[first..out.len() - 1]));
+        assert!(frame_buffered(&out[first..]));
+    }
 
     #[test]
     fn frames_round_trip_and_oversized_ones_are_refused() {

@@ -47,6 +47,13 @@ enum Admit {
     Wait,
     /// Wait; the caller writes it if the journal writer is idle.
     WaitWriteNow,
+    /// The caller holds the writing role with this many records admitted
+    /// and not yet written ([`HeldWrite::admit_also`]): admit the record
+    /// only if it is the next one after them and needs no wait, and the
+    /// caller writes it with them. Otherwise hand it back: a caller that
+    /// holds the role must never wait for room, which only records being
+    /// written can give back.
+    Join(u64),
 }
 
 /// An admitted write whose record the caller's thread still has to put in
@@ -56,25 +63,73 @@ enum Admit {
 #[must_use = "the record must be written: call finish"]
 pub struct HeldWrite<'a> {
     engine: &'a Engine,
-    record: Option<(Arc<Record>, BatchPath)>,
+    volume: VolumeId,
+    /// Admitted in sequence order, none written yet; empty once finished.
+    records: Vec<Arc<Record>>,
+    path: BatchPath,
 }
 
+/// Records one [`HeldWrite`] gathers at most: the role is held while they
+/// are gathered, and the journal writer (other volumes' records) waits.
+pub const HELD_RECORDS_MAX: usize = 64;
+
 impl HeldWrite<'_> {
-    /// Writes the record (and gives the writing role back).
-    pub fn finish(mut self) -> Result<(), TargetError> {
-        match self.record.take() {
-            Some((record, path)) => self.engine.write_holding_role(record, path),
-            None => Ok(()),
+    /// Admits another small plain write of the same volume, to be written
+    /// with the records held already in one journal write: a replica's
+    /// link that has several writes in its read buffer answers each once
+    /// admitted and writes them together, one `pwritev` for all their
+    /// records instead of one each. The data comes back (`Ok(Some)`)
+    /// when the write cannot join them: not whole blocks or too large,
+    /// `HELD_RECORDS_MAX` held already, another thread's record admitted
+    /// in between, or admission would have to wait (for journal space or
+    /// the held-data limit, which only written records give back). The
+    /// caller then finishes this one and writes that data as usual.
+    pub fn admit_also(
+        &mut self,
+        offset: u64,
+        data: Arc<BlockBuf>,
+    ) -> Result<Option<Arc<BlockBuf>>, TargetError> {
+        if self.records.is_empty()
+            || self.records.len() >= HELD_RECORDS_MAX
+            || data.is_empty()
+            || !whole_blocks(offset, &data)
+            || data.len() as u64 > WRITE_NOW_MAX_BYTES
+        {
+            return Ok(Some(data));
         }
+        let held = self.records.len() as u64;
+        match self
+            .engine
+            .admit_blocks(self.volume, offset, data, Admit::Join(held))?
+        {
+            Admission::AdmittedToWrite(record, _) => {
+                self.records.push(record);
+                Ok(None)
+            }
+            Admission::WouldWait(RecordBody::Write { data, .. }) => Ok(Some(data)),
+            Admission::WouldWait(_) => unreachable!("a write record comes back as one"),
+            Admission::Admitted(_) => unreachable!("a joined record is written by its caller"),
+        }
+    }
+
+    /// Writes the records (and gives the writing role back).
+    pub fn finish(mut self) -> Result<(), TargetError> {
+        self.write()
+    }
+
+    fn write(&mut self) -> Result<(), TargetError> {
+        if self.records.is_empty() {
+            return Ok(());
+        }
+        let records = std::mem::take(&mut self.records);
+        self.engine.write_holding_role(&records, self.path)
     }
 }
 
 impl Drop for HeldWrite<'_> {
     fn drop(&mut self) {
-        if let Some((record, path)) = self.record.take() {
-            // A failed write has failed the pool; the next flush says so.
-            let _ = self.engine.write_holding_role(record, path);
-        }
+        // A failed write has failed the pool; the next flush says so.
+        let _ = self.write();
     }
 }
 
@@ -362,7 +417,9 @@ impl Engine {
             Admission::Admitted(_) => Ok(None),
             Admission::AdmittedToWrite(record, path) => Ok(Some(HeldWrite {
                 engine: self,
-                record: Some((record, path)),
+                volume,
+                records: vec![record],
+                path,
             })),
             Admission::WouldWait(_) => unreachable!("blocking admission waits"),
         }
@@ -387,11 +444,15 @@ impl Engine {
         self.append(volume, offset / BLOCK_BYTES, block_count, body, admit, true)
     }
 
-    /// Writes `record`, the only unwritten one, while this thread holds the
-    /// writing role, then gives the role back (to the journal writer, if
-    /// records were admitted meanwhile).
-    fn write_holding_role(&self, record: Arc<Record>, path: BatchPath) -> Result<(), TargetError> {
-        let (state, written) = self.write_in_role(std::slice::from_ref(&record), path, None);
+    /// Writes `records`, the unwritten ones in sequence order, while this
+    /// thread holds the writing role, then gives the role back (to the
+    /// journal writer, if records were admitted meanwhile).
+    fn write_holding_role(
+        &self,
+        records: &[Arc<Record>],
+        path: BatchPath,
+    ) -> Result<(), TargetError> {
+        let (state, written) = self.write_in_role(records, path, None);
         state.validate(self.layout.journal_bytes);
         self.changed.notify_all();
         if state.next_sequence - 1 > state.written_sequence || state.shutting_down {
@@ -453,6 +514,14 @@ impl Engine {
             if let Err(error) = state.check_usable() {
                 self.leave_admission_queue(&mut state, ticket);
                 return Err(error);
+            }
+            if let Admit::Join(held) = admit {
+                // Checked first, before admission changes anything: the
+                // caller writes the record right behind its own, so it
+                // must come right after them.
+                if !state.writing || state.next_sequence != state.written_sequence + held + 1 {
+                    return Ok(Admission::WouldWait(body));
+                }
             }
             let available = state.allocator.free_count() - state.reserved_chunks;
             let size = match state.live_volume(volume) {
@@ -534,7 +603,7 @@ impl Engine {
                 } else {
                     Wake::Apply
                 };
-                if admit == Admit::NoWait {
+                if matches!(admit, Admit::NoWait | Admit::Join(_)) {
                     self.ask_applier(&mut state, wake);
                     return Ok(Admission::WouldWait(body));
                 }
@@ -555,6 +624,11 @@ impl Engine {
                 state = self.wait_for_applier(state, wake);
                 continue;
             }
+            if matches!(admit, Admit::Join(_)) && (pad > 0 || redirect) {
+                // A pad record would come between; a redirect is the
+                // journal writer's (see `write_now` below).
+                return Ok(Admission::WouldWait(body));
+            }
             // Through. (The wait for chunks below keeps no order: a trim
             // behind this write may be what frees them.)
             if let Some(ticket) = ticket.take() {
@@ -571,7 +645,7 @@ impl Engine {
                 if !state.unapplied.is_empty() || !state.deferred_frees.is_empty() {
                     // Pending trims may free chunks, and pending writes may
                     // hold reservations they turn out not to need.
-                    if admit == Admit::NoWait {
+                    if matches!(admit, Admit::NoWait | Admit::Join(_)) {
                         self.wake_applier(&mut state);
                         return Ok(Admission::WouldWait(body));
                     }
@@ -674,6 +748,11 @@ impl Engine {
             && state.written_sequence + 1 == sequence;
         if write_now {
             state.writing = true;
+            let path = self.batch_path(&state);
+            return Ok(Admission::AdmittedToWrite(record, path));
+        }
+        if let Admit::Join(_) = admit {
+            // The caller holds the role already; its batch keeps its path.
             let path = self.batch_path(&state);
             return Ok(Admission::AdmittedToWrite(record, path));
         }

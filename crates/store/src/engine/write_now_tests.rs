@@ -340,3 +340,111 @@ fn a_held_write_dropped_unfinished_is_still_written() {
     assert!(back[..4096].iter().all(|byte| *byte == 3));
     assert!(back[4096..].iter().all(|byte| *byte == 4));
 }
+
+/// `HeldWrite::admit_also`: writes admitted while the role is held join
+/// the held record, are visible at once, reach the journal together when
+/// the holder finishes, and survive a crash once flushed.
+#[test]
+fn held_writes_gather_and_reach_the_journal_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = test_pool(dir.path());
+    let volume = volume(&pool);
+    until_journal_idle(&volume);
+    let mut held = volume
+        .admit_now(0, block(1).into())
+        .unwrap()
+        .expect("the journal writer is idle: this thread writes the record");
+    let written_before = volume.engine.lock().written_sequence;
+    for seed in 2..=4u8 {
+        let back = held
+            .admit_also(u64::from(seed - 1) * 8192, Arc::new(block(seed)))
+            .unwrap();
+        assert!(back.is_none(), "write {seed} did not join");
+    }
+    // Not whole blocks: handed back, nothing admitted.
+    let next_before = volume.engine.lock().next_sequence;
+    let partial = Arc::new(trireme_types::BlockBuf::from(vec![9u8; 512]));
+    assert!(held.admit_also(0, partial).unwrap().is_some());
+    {
+        let state = volume.engine.lock();
+        assert_eq!(
+            state.next_sequence, next_before,
+            "a handed-back write was admitted"
+        );
+        assert!(state.writing, "the writing role is held");
+        assert_eq!(
+            state.written_sequence, written_before,
+            "nothing written yet"
+        );
+        assert_eq!(state.next_sequence, written_before + 5, "four records held");
+    }
+    // Admitted is visible.
+    let mut back = vec![0u8; 4096];
+    volume.read(2 * 8192, &mut back).unwrap();
+    assert!(back.iter().all(|byte| *byte == 3));
+    held.finish().unwrap();
+    {
+        let state = volume.engine.lock();
+        assert_eq!(
+            state.written_sequence,
+            written_before + 4,
+            "all four written"
+        );
+        assert!(!state.writing, "the role is given back");
+    }
+    volume.flush().unwrap();
+    let (_copy, crashed) = crash_copy(&pool, dir.path(), |_| {});
+    let recovered = crashed.open_volume(&VolumeName::new("v").unwrap()).unwrap();
+    for seed in 1..=4u8 {
+        recovered
+            .read(u64::from(seed - 1) * 8192, &mut back)
+            .unwrap();
+        assert!(
+            back.iter().all(|byte| *byte == seed),
+            "write {seed} after the crash"
+        );
+    }
+    assert!(crashed.scan().unwrap().is_clean());
+}
+
+/// A record another thread admits while the role is held comes between:
+/// a later write may not join (its record would be written ahead of that
+/// one), and the journal writer writes the other thread's record once the
+/// holder gives the role back.
+#[test]
+fn a_write_admitted_by_another_thread_ends_the_gathering() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = test_pool(dir.path());
+    let volume = volume(&pool);
+    until_journal_idle(&volume);
+    let mut held = volume.admit_now(0, block(1).into()).unwrap().unwrap();
+    assert!(held.admit_also(4096, Arc::new(block(2))).unwrap().is_none());
+    // Another client's write, admitted without waiting: the journal writer
+    // is to write it, after the held records.
+    let other = volume.clone();
+    std::thread::spawn(
+        move || match other.try_write_shared(8192, Arc::new(block(3))) {
+            Attempt::Done(result) => result.unwrap(),
+            Attempt::WouldBlock(_) => panic!("room for one block"),
+        },
+    )
+    .join()
+    .unwrap();
+    let next = volume.engine.lock().next_sequence;
+    let back = held.admit_also(12288, Arc::new(block(4))).unwrap();
+    let data = back.expect("a write after another thread's record cannot join");
+    assert_eq!(volume.engine.lock().next_sequence, next, "nothing admitted");
+    held.finish().unwrap();
+    volume
+        .write(12288, Arc::unwrap_or_clone(data), false)
+        .unwrap();
+    volume.flush().unwrap();
+    let mut back = vec![0u8; 4 * 4096];
+    volume.read(0, &mut back).unwrap();
+    for (index, piece) in back.chunks(4096).enumerate() {
+        assert!(
+            piece.iter().all(|byte| *byte == index as u8 + 1),
+            "block {index}"
+        );
+    }
+}
