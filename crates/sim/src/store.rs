@@ -30,7 +30,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use trireme_store::active_set::REGION_BYTES;
 use trireme_store::layout::Layout;
-use trireme_store::{Background, BugSwitches, Pool, PoolOnDisk, PoolOptions, Step, Volume};
+use trireme_store::{
+    Background, BugSwitches, HeldWrite, Pool, PoolOnDisk, PoolOptions, Step, Volume,
+};
 use trireme_types::{BlockBuf, BlockTarget, DeviceClass, PoolId, PoolName, SnapshotId};
 use trireme_types::{TargetError, VolumeName};
 
@@ -65,6 +67,11 @@ pub struct StoreSimConfig {
     /// A synchronous writer's batches go to the device as whole blocks
     /// (`PoolOptions::direct_sync`): half the seeds, so both paths run.
     pub direct_sync: bool,
+    /// Some writes come as a replica's link sends them to the store: the
+    /// first admitted holding the writing role (`Volume::admit_now`), the
+    /// next joining it (`HeldWrite::admit_also`), all written to the
+    /// journal together when the holder finishes. Half the seeds.
+    pub held_writes: bool,
     pub trace: bool,
 }
 
@@ -92,6 +99,7 @@ impl StoreSimConfig {
             bugs: BugSwitches::default(),
             // Drawn last: the draws above give each seed what it had.
             direct_sync: rng.gen_bool(0.5),
+            held_writes: rng.gen_bool(0.5),
             trace: false,
         }
     }
@@ -457,6 +465,8 @@ impl Run {
             return self.flip();
         }
         match self.rng.gen_range(0..100) {
+            // No draw without `held_writes`: those seeds run as before.
+            0..=34 if self.config.held_writes && self.rng.gen_bool(0.3) => self.held_writes(),
             0..=34 => self.write(),
             35..=42 => self.trim(),
             43..=50 => self.flush(),
@@ -551,6 +561,78 @@ impl Run {
                 self.request_failed("write", &error)
             }
         }
+    }
+
+    /// Up to six small writes to one volume as a replica's link hands
+    /// them to the store: each acknowledged once admitted, the first
+    /// holding the writing role, the next ones joining it, and all written
+    /// to the journal together at the end; a write that cannot join is
+    /// written after the ones held (they are finished first).
+    fn held_writes(&mut self) -> Result<(), String> {
+        let volume = self.rng.gen_range(0..self.config.volumes);
+        let handle = self.volumes[volume].1.clone();
+        let count = self.rng.gen_range(1..=6);
+        let mut held: Option<HeldWrite<'_>> = None;
+        let mut outcome = Ok(());
+        for _ in 0..count {
+            let blocks = self.rng.gen_range(1..=8u64.min(self.config.volume_blocks));
+            let first = self.rng.gen_range(0..=self.config.volume_blocks - blocks);
+            let tags: Vec<u64> = (0..blocks)
+                .map(|_| {
+                    self.next_tag += 1;
+                    self.next_tag
+                })
+                .collect();
+            let mut data = BlockBuf::zeroed((blocks * BLOCK_BYTES) as usize);
+            for (index, tag) in tags.iter().enumerate() {
+                let at = index * BLOCK_BYTES as usize;
+                data[at..at + BLOCK_BYTES as usize].copy_from_slice(&block_data(*tag));
+            }
+            let joined = held.is_some();
+            self.trace(|| format!("held write v{volume} blocks {first}+{blocks} joining={joined}"));
+            let offset = first * BLOCK_BYTES;
+            let result = match held.as_mut() {
+                Some(gathering) => gathering.admit_also(offset, Arc::new(data)),
+                None => Ok(Some(Arc::new(data))),
+            };
+            let result = match result {
+                Ok(None) => Ok(()),
+                Ok(Some(data)) => {
+                    // Not joined: the held ones go first, as a link does.
+                    if let Some(gathering) = held.take() {
+                        if let Err(error) = gathering.finish() {
+                            outcome = self.request_failed("held writes", &error);
+                            break;
+                        }
+                    }
+                    handle.admit_now(offset, data).map(|now| held = now)
+                }
+                Err(error) => Err(error),
+            };
+            match result {
+                Ok(()) => {
+                    self.report.writes += 1;
+                    for (index, tag) in tags.iter().enumerate() {
+                        self.models[volume][first as usize + index].later.push(*tag);
+                    }
+                }
+                Err(TargetError::NoSpace { .. }) => {}
+                Err(error) => {
+                    // As in `write`: it may have been admitted.
+                    for (index, tag) in tags.iter().enumerate() {
+                        self.models[volume][first as usize + index].later.push(*tag);
+                    }
+                    outcome = self.request_failed("held write", &error);
+                    break;
+                }
+            }
+        }
+        if let Some(held) = held.take() {
+            if let Err(error) = held.finish() {
+                outcome = outcome.and(self.request_failed("held writes", &error));
+            }
+        }
+        outcome
     }
 
     fn trim(&mut self) -> Result<(), String> {

@@ -741,8 +741,10 @@ impl Engine {
         // The caller may write the record itself only if it is the one
         // record to write next, and redirects (whole chunks) are left to
         // the journal writer, which splits them among its helpers.
+        // A pool run in steps has no journal writer: its writer is idle
+        // unless a step runs, and none runs inside an admission.
         let write_now = admit == Admit::WaitWriteNow
-            && state.journal_idle
+            && (state.journal_idle || self.background == Background::Inline)
             && !state.writing
             && !redirect
             && state.written_sequence + 1 == sequence;
