@@ -504,6 +504,30 @@ impl Run {
         Err(self.fail(format!("{what} failed without an injected fault: {error}")))
     }
 
+    /// `count` blocks, each holding a new tag: the tags and the data.
+    fn tagged_blocks(&mut self, count: u64) -> (Vec<u64>, BlockBuf) {
+        let tags: Vec<u64> = (0..count)
+            .map(|_| {
+                self.next_tag += 1;
+                self.next_tag
+            })
+            .collect();
+        let mut data = BlockBuf::zeroed((count * BLOCK_BYTES) as usize);
+        for (index, tag) in tags.iter().enumerate() {
+            let at = index * BLOCK_BYTES as usize;
+            data[at..at + BLOCK_BYTES as usize].copy_from_slice(&block_data(*tag));
+        }
+        (tags, data)
+    }
+
+    /// A write from block `first` of `volume` was acknowledged (or may have
+    /// been admitted): until a flush, its blocks may read its tags.
+    fn model_written(&mut self, volume: usize, first: u64, tags: &[u64]) {
+        for (index, tag) in tags.iter().enumerate() {
+            self.models[volume][first as usize + index].later.push(*tag);
+        }
+    }
+
     fn write(&mut self) -> Result<(), String> {
         let (volume, first, count) = if !self.recent_writes.is_empty() && self.rng.gen_bool(0.4) {
             let (volume, first, count) =
@@ -525,25 +549,13 @@ impl Run {
         }
         self.recent_writes.push((volume, first, count));
         let fua = self.rng.gen_bool(0.1);
-        let tags: Vec<u64> = (0..count)
-            .map(|_| {
-                self.next_tag += 1;
-                self.next_tag
-            })
-            .collect();
-        let mut data = BlockBuf::zeroed((count * BLOCK_BYTES) as usize);
-        for (index, tag) in tags.iter().enumerate() {
-            let at = index * BLOCK_BYTES as usize;
-            data[at..at + BLOCK_BYTES as usize].copy_from_slice(&block_data(*tag));
-        }
+        let (tags, data) = self.tagged_blocks(count);
         self.trace(|| format!("write v{volume} blocks {first}+{count} fua={fua}"));
         let result = self.volumes[volume].1.write(first * BLOCK_BYTES, data, fua);
         match result {
             Ok(()) => {
                 self.report.writes += 1;
-                for (index, tag) in tags.iter().enumerate() {
-                    self.models[volume][first as usize + index].later.push(*tag);
-                }
+                self.model_written(volume, first, &tags);
                 if fua {
                     // A FUA write waits for a flush through its own record,
                     // which covers every record before it.
@@ -555,9 +567,7 @@ impl Run {
             Err(error) => {
                 // Admitted and then failed (a FUA whose flush failed): it
                 // may be durable or not.
-                for (index, tag) in tags.iter().enumerate() {
-                    self.models[volume][first as usize + index].later.push(*tag);
-                }
+                self.model_written(volume, first, &tags);
                 self.request_failed("write", &error)
             }
         }
@@ -577,17 +587,7 @@ impl Run {
         for _ in 0..count {
             let blocks = self.rng.gen_range(1..=8u64.min(self.config.volume_blocks));
             let first = self.rng.gen_range(0..=self.config.volume_blocks - blocks);
-            let tags: Vec<u64> = (0..blocks)
-                .map(|_| {
-                    self.next_tag += 1;
-                    self.next_tag
-                })
-                .collect();
-            let mut data = BlockBuf::zeroed((blocks * BLOCK_BYTES) as usize);
-            for (index, tag) in tags.iter().enumerate() {
-                let at = index * BLOCK_BYTES as usize;
-                data[at..at + BLOCK_BYTES as usize].copy_from_slice(&block_data(*tag));
-            }
+            let (tags, data) = self.tagged_blocks(blocks);
             let joined = held.is_some();
             self.trace(|| format!("held write v{volume} blocks {first}+{blocks} joining={joined}"));
             let offset = first * BLOCK_BYTES;
@@ -612,16 +612,12 @@ impl Run {
             match result {
                 Ok(()) => {
                     self.report.writes += 1;
-                    for (index, tag) in tags.iter().enumerate() {
-                        self.models[volume][first as usize + index].later.push(*tag);
-                    }
+                    self.model_written(volume, first, &tags);
                 }
                 Err(TargetError::NoSpace { .. }) => {}
                 Err(error) => {
                     // As in `write`: it may have been admitted.
-                    for (index, tag) in tags.iter().enumerate() {
-                        self.models[volume][first as usize + index].later.push(*tag);
-                    }
+                    self.model_written(volume, first, &tags);
                     outcome = self.request_failed("held write", &error);
                     break;
                 }
