@@ -330,3 +330,31 @@ pub(super) enum Phase {
     Serving,
     Stopped,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::CompletionScan;
+
+    #[test]
+    fn touches_past_the_bound_turn_into_a_pass_over_every_write() {
+        let mut scan = CompletionScan::default();
+        for seq in 0..CompletionScan::TOUCHED_MAX as u64 {
+            scan.touch(seq);
+        }
+        assert!(!scan.all, "within the bound, only the touched are judged");
+        assert_eq!(scan.touched.len(), CompletionScan::TOUCHED_MAX);
+        // One more: the list would grow without bound while passes wait,
+        // so the next pass judges every write instead.
+        scan.touch(5000);
+        assert!(scan.all);
+        assert!(
+            scan.touched.is_empty(),
+            "the list is dropped, not kept beside `all`"
+        );
+        scan.touch(5001);
+        assert!(
+            scan.touched.is_empty(),
+            "nothing is listed while `all` is set"
+        );
+    }
+}
