@@ -259,14 +259,13 @@ impl ReplicaService {
         name: &VolumeName,
         volume: Option<Arc<Volume>>,
         reader: impl Read,
-        writer: TcpStream,
+        mut writer: TcpStream,
     ) -> std::io::Result<()> {
         let side = self
             .side(name)
             .map_err(|error| std::io::Error::other(error.to_string()))?;
         let link = self.next_link.fetch_add(1, Ordering::Relaxed);
         let mut reader = BufReader::with_capacity(LINK_BUFFER_BYTES, reader);
-        let mut writer = writer;
         let mut frame = Vec::new();
         // Answers not sent yet, in order.
         let mut answers = Vec::new();

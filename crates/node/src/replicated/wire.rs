@@ -290,7 +290,7 @@ mod tests {
         assert!(!frame_buffered(&out[..4]));
         assert!(!frame_buffered(&out[..first - 1]), "one byte short");
         assert!(frame_buffered(&out[..first]));
-        assert!(frame_buffered(&out), "the second one partly there too");
+        assert!(frame_buffered(&out), "with another whole one behind it");
         assert!(!frame_buffered(&out[first..out.len() - 1]));
         assert!(frame_buffered(&out[first..]));
     }

@@ -25,6 +25,9 @@ enum Admission {
     /// Admitted, and the caller holds the writing role: it writes the
     /// record to the journal itself (see [`Engine::write_now`]).
     AdmittedToWrite(Arc<Record>, BatchPath),
+    /// Admitted to be written with the records the caller holds
+    /// ([`Admit::Join`]), in its batch and on that batch's path.
+    Joined(Arc<Record>),
     WouldWait(RecordBody),
 }
 
@@ -102,13 +105,15 @@ impl HeldWrite<'_> {
             .engine
             .admit_blocks(self.volume, offset, data, Admit::Join(held))?
         {
-            Admission::AdmittedToWrite(record, _) => {
+            Admission::Joined(record) => {
                 self.records.push(record);
                 Ok(None)
             }
             Admission::WouldWait(RecordBody::Write { data, .. }) => Ok(Some(data)),
             Admission::WouldWait(_) => unreachable!("a write record comes back as one"),
-            Admission::Admitted(_) => unreachable!("a joined record is written by its caller"),
+            Admission::Admitted(_) | Admission::AdmittedToWrite(..) => {
+                unreachable!("a joining record is written by its holder")
+            }
         }
     }
 
@@ -329,7 +334,9 @@ impl Engine {
         // write takes.
         match self.admit_blocks(volume, offset, data, Admit::NoWait) {
             Ok(Admission::Admitted(_)) => Attempt::Done(Ok(())),
-            Ok(Admission::AdmittedToWrite(..)) => unreachable!("only asked for by write_now"),
+            Ok(Admission::AdmittedToWrite(..) | Admission::Joined(_)) => {
+                unreachable!("only asked for by write_now and admit_also")
+            }
             Ok(Admission::WouldWait(RecordBody::Write { data, .. })) => Attempt::WouldBlock(data),
             Ok(Admission::WouldWait(_)) => unreachable!("a write record comes back as one"),
             Err(error) => Attempt::Done(Err(error)),
@@ -370,7 +377,9 @@ impl Engine {
             direct_ok,
         )? {
             Admission::Admitted(sequence) => Ok(sequence),
-            Admission::AdmittedToWrite(..) => unreachable!("only asked for by write_now"),
+            Admission::AdmittedToWrite(..) | Admission::Joined(_) => {
+                unreachable!("only asked for by write_now and admit_also")
+            }
             Admission::WouldWait(_) => unreachable!("blocking admission waits"),
         }
     }
@@ -421,6 +430,7 @@ impl Engine {
                 records: vec![record],
                 path,
             })),
+            Admission::Joined(_) => unreachable!("only asked for by admit_also"),
             Admission::WouldWait(_) => unreachable!("blocking admission waits"),
         }
     }
@@ -755,8 +765,7 @@ impl Engine {
         }
         if let Admit::Join(_) = admit {
             // The caller holds the role already; its batch keeps its path.
-            let path = self.batch_path(&state);
-            return Ok(Admission::AdmittedToWrite(record, path));
+            return Ok(Admission::Joined(record));
         }
         if state.journal_idle {
             self.journal_wake.notify_one();
