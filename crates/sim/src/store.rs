@@ -574,10 +574,10 @@ impl Run {
     }
 
     /// Up to six small writes to one volume as a replica's link hands
-    /// them to the store: each acknowledged once admitted, the first
-    /// holding the writing role, the next ones joining it, and all written
-    /// to the journal together at the end; a write that cannot join is
-    /// written after the ones held (they are finished first).
+    /// them to the store (`Volume::admit_joining`): each acknowledged once
+    /// admitted, the first holding the writing role, the next ones joining
+    /// it, and all written to the journal together at the end; a write
+    /// that cannot join is admitted after the ones held are written.
     fn held_writes(&mut self) -> Result<(), String> {
         let volume = self.rng.gen_range(0..self.config.volumes);
         let handle = self.volumes[volume].1.clone();
@@ -591,24 +591,7 @@ impl Run {
             let joined = held.is_some();
             self.trace(|| format!("held write v{volume} blocks {first}+{blocks} joining={joined}"));
             let offset = first * BLOCK_BYTES;
-            let result = match held.as_mut() {
-                Some(gathering) => gathering.admit_also(offset, Arc::new(data)),
-                None => Ok(Some(Arc::new(data))),
-            };
-            let result = match result {
-                Ok(None) => Ok(()),
-                Ok(Some(data)) => {
-                    // Not joined: the held ones go first, as a link does.
-                    if let Some(gathering) = held.take() {
-                        if let Err(error) = gathering.finish() {
-                            outcome = self.request_failed("held writes", &error);
-                            break;
-                        }
-                    }
-                    handle.admit_now(offset, data).map(|now| held = now)
-                }
-                Err(error) => Err(error),
-            };
+            let result = handle.admit_joining(&mut held, offset, Arc::new(data));
             match result {
                 Ok(()) => {
                     self.report.writes += 1;

@@ -50,6 +50,32 @@ impl Volume {
         self.engine.admit_now(self.id, offset, data)
     }
 
+    /// [`Volume::admit_now`] for a caller that may hold admitted writes of
+    /// this volume already (`held`): the write joins them when it can
+    /// ([`HeldWrite::admit_also`]); otherwise they are written first and
+    /// the write is admitted on its own, `held` then holding it if this
+    /// thread is to write it. Admitted when this returns `Ok`. An error
+    /// writing the held ones (the pool has failed) is this write's error.
+    pub fn admit_joining<'a>(
+        &'a self,
+        held: &mut Option<HeldWrite<'a>>,
+        offset: u64,
+        data: Arc<BlockBuf>,
+    ) -> Result<(), TargetError> {
+        let data = match held.as_mut() {
+            Some(gathering) => match gathering.admit_also(offset, data)? {
+                None => return Ok(()),
+                Some(data) => data,
+            },
+            None => data,
+        };
+        if let Some(gathering) = held.take() {
+            gathering.finish()?;
+        }
+        *held = self.admit_now(offset, data)?;
+        Ok(())
+    }
+
     /// [`BlockTarget::write`] of data the caller shares: a replicated
     /// write's primary keeps its payload to send it again, and the store
     /// keeps the same buffer instead of a copy.

@@ -468,20 +468,7 @@ fn execute_answer_first<'v>(
             .checked_add(data.len() as u64)
             .is_some_and(|end| end <= volume.size_bytes()) =>
         {
-            let joined = match held.as_mut() {
-                Some(gathering) => gathering.admit_also(offset, data),
-                None => Ok(Some(data)),
-            };
-            let result = match joined {
-                Ok(None) => Ok(()),
-                Ok(Some(data)) => {
-                    if let Some(gathering) = held.take() {
-                        finish_held(name, gathering);
-                    }
-                    volume.admit_now(offset, data).map(|now| *held = now)
-                }
-                Err(error) => Err(error),
-            };
+            let result = volume.admit_joining(held, offset, data);
             FromReplica::Ack {
                 seq,
                 result: result.map_err(replica_error),
