@@ -8,14 +8,19 @@
 //!
 //! ```text
 //! DATA/
+//!   cluster.json               cluster id, this node's id, the cluster secret (cluster)
+//!   control.redb               the Raft log, vote and snapshots (cluster)
+//!   admin.token                the token remote API clients present
 //!   catalog.json               the pools of this node (name, id, class, paths);
 //!                              replaced atomically: write catalog.json.tmp,
 //!                              fsync it, rename over catalog.json, fsync DATA/
 //!   pools/NAME/metadata.redb   each pool's metadata database (owned by the store)
 //!   pools/default/pool.img     the default pool's sparse file, made on first start
 //!   nbd.sock                   the NBD unix socket (unless --nbd-socket says otherwise)
-//!   devices/VOLUME/fuse        nbdfuse's mount of a volume whose block device this
-//!                              node made (local_device); its loop device's backing file
+//!   devices/VOLUME/kernel-nbd  the kernel nbd device (its index) this node made for
+//!                              a volume (local_device), reconnected after a restart
+//!   devices/VOLUME/fuse        or, without the kernel's nbd module, nbdfuse's mount;
+//!                              its file is the loop device's backing file
 //!   replication.redb           accepted generations and dirty maps (replication)
 //!   node.lock                  held with flock while the node runs: one node
 //!                              per data directory
@@ -42,7 +47,10 @@
 //! - [`replicated`]: the engines of volumes attached here, the replica
 //!   side of data links, and `DATA/replication.redb`.
 //! - [`local_device`]: block devices of volumes for users on this host (the
-//!   CSI node plugin): nbdfuse + a loop device over the NBD socket.
+//!   CSI node plugin), over the node's own NBD socket: the kernel's `nbd`
+//!   module (`/dev/nbdN`, set up over generic netlink) where the host has
+//!   it, which grows a device in place and keeps I/O waiting across a
+//!   daemon restart; else nbdfuse + a loop device.
 //! - [`metrics`]: `GET /metrics` (Prometheus) and the I/O rates of
 //!   `GET /api/v1/io`.
 //! - [`daemon`]: start-up, listeners, the ready line, signals and shutdown.
