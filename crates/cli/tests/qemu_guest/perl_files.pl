@@ -1,6 +1,6 @@
 #!/usr/bin/perl
 # Prints the files perl loads to run the Proxmox plugin and its tests
-# (integrations/proxmox/t/40-kernel-nbd.t) in the kernel nbd guest: every
+# (integrations/proxmox/t/40-kernel-nbd.t, t/bin/pve-volume) in the kernel nbd guest: every
 # module in %INC and every shared object of an XS module, after using what
 # the tests use (some modules load others only when first called). Run by
 # assemble.sh with -I for the plugin and its t/lib; the guest gets these
@@ -22,6 +22,7 @@ use Socket qw(SOCK_STREAM);
 use Test::More;
 use Time::HiRes qw(time sleep);
 use File::Path qw(make_path remove_tree);
+use Getopt::Long;
 use TriremeTest;
 use PVE::Storage::Custom::TriremePlugin;
 use PVE::Storage::Custom::Trireme::Api qw(config_of request);
