@@ -21,19 +21,31 @@
 #   4. HA restart: kill -9 of the node and the QEMU of a writing guest,
 #      the plugin's activate_volume on another node (retried until the
 #      takeover), time to the disk readable there (qemu-io), median of
-#      REPEAT; the guest then boots there and the dead node is restarted.
+#      REPEAT; the guest then boots there and the dead node is restarted;
+#   5. the plugin's two paths to a disk, kernel nbd device and NBD socket,
+#      side by side: this machine's kernel has no nbd module, so the
+#      kernel nbd guest of crates/cli/tests/kernel_nbd.rs (assemble.sh with
+#      the trireme binary) stands in for a Proxmox host: one trireme node
+#      and the plugin run inside it, the plugin activates one volume (its
+#      /dev/nbdN), and fio inside that guest runs 4k random write and read
+#      QD32 on it through /dev/nbdN (libaio, direct) and through the node's
+#      NBD socket (fio's nbd engine: libnbd, a user-space NBD client like
+#      QEMU's), in one boot. Its own section of the results file.
 # The machine has no KVM here: QEMU runs with TCG, so the guest's CPU is
 # emulated and its fio numbers are bounded by that, on both targets.
 #
 # Usage: bench/guest.sh [--quick] [--no-build]
-#   env: RUNTIME    seconds per fio job in the guest  (default 20; --quick: 5)
+#   env: PARTS      all, or kernel-nbd (part 5 alone)  (default all)
+#        RUNTIME    seconds per fio job in the guest  (default 20; --quick: 5)
 #        REPEAT     migrations and HA restarts        (default 5;  --quick: 1)
 #        BOOTS      boots per target                  (default 3;  --quick: 1)
 #        DISK_SIZE  each guest disk                   (default 1G)
 #        FIO_SIZE   region fio uses on it             (default 256M)
 #        SCRATCH    scratch dir (not tmpfs)           (default target/bench-scratch-guest)
-#        OUT        results file (only the part between <!-- guest:begin -->
-#                   and <!-- guest:end --> is replaced) (default bench/RESULTS.md)
+#        OUT        results file (only the parts between <!-- guest:begin -->
+#                   and <!-- guest:end -->, and <!-- guest-kernel-nbd:begin -->
+#                   and <!-- guest-kernel-nbd:end -->, are replaced)
+#                   (default bench/RESULTS.md)
 #        BIN        the trireme binary (default target/release/trireme, built
 #                   first unless --no-build)
 #        KEEP_SCRATCH=1 keeps the scratch directory
@@ -48,6 +60,8 @@ parse_flags "$0" "$@"
 if [ $quick = 1 ]; then
     RUNTIME=${RUNTIME:-5}; REPEAT=${REPEAT:-1}; BOOTS=${BOOTS:-1}
 fi
+PARTS=${PARTS:-all}
+case "$PARTS" in all|kernel-nbd) ;; *) echo "PARTS=$PARTS is neither all nor kernel-nbd" >&2; exit 2 ;; esac
 RUNTIME=${RUNTIME:-20}
 REPEAT=${REPEAT:-5}
 BOOTS=${BOOTS:-3}
@@ -55,7 +69,7 @@ DISK_SIZE=${DISK_SIZE:-1G}
 FIO_SIZE=${FIO_SIZE:-256M}
 SCRATCH=${SCRATCH:-$repo/target/bench-scratch-guest}
 OUT=${OUT:-$here/RESULTS.md}
-envline="${BIN:+BIN=$BIN }RUNTIME=$RUNTIME REPEAT=$REPEAT BOOTS=$BOOTS DISK_SIZE=$DISK_SIZE FIO_SIZE=$FIO_SIZE"
+envline="${BIN:+BIN=$BIN }PARTS=$PARTS RUNTIME=$RUNTIME REPEAT=$REPEAT BOOTS=$BOOTS DISK_SIZE=$DISK_SIZE FIO_SIZE=$FIO_SIZE"
 plugin=$repo/integrations/proxmox
 guest_src=$repo/crates/cli/tests/qemu_guest
 BOOT_TIMEOUT=240
@@ -99,7 +113,7 @@ cleanup() {
         [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true
     done
     if [ -z "${KEEP_SCRATCH:-}" ] && [ -d "$SCRATCH" ]; then
-        rm -rf "${SCRATCH:?}"/n[123] "$SCRATCH"/*.img "$SCRATCH"/guest "$SCRATCH"/tools
+        rm -rf "${SCRATCH:?}"/n[123] "$SCRATCH"/*.img "$SCRATCH"/guest "$SCRATCH"/kguest "$SCRATCH"/tools
     fi
     exit $rc
 }
@@ -123,6 +137,100 @@ ldd "$(command -v fio)" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\/.*
 tools_mib=$(( $(du -sm "$tools" | cut -f1) + 64 ))
 mkfs.ext4 -q -F -d "$tools" "$SCRATCH/tools.img" "${tools_mib}M"
 log "tools disk: fio $(fio --version) and $(ls "$tools/lib" | wc -l) libraries, ${tools_mib} MiB"
+
+# replace_section NAME TEXT: TEXT between <!-- NAME:begin --> and
+# <!-- NAME:end --> in OUT (appended when the markers are not there).
+replace_section() {
+    python3 - "$OUT" "$1" "$2" <<'PY'
+import sys
+path, name, section = sys.argv[1], sys.argv[2], sys.argv[3]
+try:
+    text = open(path).read()
+except FileNotFoundError:
+    text = ""
+begin, end = "<!-- %s:begin -->" % name, "<!-- %s:end -->" % name
+block = begin + "\n" + section + "\n" + end
+if begin in text and end in text:
+    text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+else:
+    text = text.rstrip("\n") + "\n\n" + block + "\n"
+open(path, "w").write(text)
+PY
+}
+
+# --- 5: the kernel nbd device and the NBD socket, inside a kernel nbd guest ---------
+
+kernel_nbd_part() {
+    local console=$SCRATCH/kernel-nbd.console pid section
+    log "assembling the kernel nbd guest (with $bin and the plugin)"
+    sh "$guest_src/assemble.sh" "$package" "$SCRATCH/kguest" "$bin" || die "assemble.sh (kernel nbd guest) failed"
+    truncate -s 4G "$SCRATCH/kdata.img"
+    mkfs.ext4 -q -F "$SCRATCH/kdata.img"
+    log "part 5: fio through /dev/nbdN and through the NBD socket, in the kernel nbd guest"
+    qemu-system-x86_64 -m 1024 -smp 2 -display none -nodefaults -no-reboot \
+        -serial "file:$console" \
+        -kernel "$SCRATCH/kguest/vmlinuz" -initrd "$SCRATCH/kguest/initramfs.cpio.gz" \
+        -append "console=ttyS0 panic=-1 quiet no_timer_check trireme.scenario=bench trireme.runtime=$RUNTIME trireme.size=$FIO_SIZE" \
+        -drive "file=$SCRATCH/kdata.img,format=raw,if=virtio" \
+        -drive "file=$SCRATCH/tools.img,format=raw,if=virtio,readonly=on" \
+        </dev/null >/dev/null 2>"$SCRATCH/kernel-nbd.stderr" &
+    pid=$!
+    pids_to_kill+=("$pid")
+    wait_exit "$pid" $(( RUNTIME * 8 + 600 )) || die "the kernel nbd guest did not finish"
+    grep -q '^TRIREME RESULT ok' "$console" || die "the kernel nbd guest failed: $(grep '^TRIREME RESULT' "$console")"
+    section=$(python3 - "$console" <<PY
+import json, re, sys
+text = open(sys.argv[1], errors="replace").read().replace("\r", "")
+rows = {}
+for path in ("kernel", "socket"):
+    for job in ("randwrite", "randread"):
+        name = "%s-%s" % (path, job)
+        m = re.search(r"^TRIREME FIO-BEGIN %s\n(.*?)^TRIREME FIO-END %s rc=(\d+)" % (name, name), text, re.S | re.M)
+        if not m or m.group(2) != "0":
+            sys.exit("fio job %s failed:\n%s" % (name, text[-3000:]))
+        j = json.loads(m.group(1)[m.group(1).index("{"):])["jobs"][0]
+        side = j["read"] if job == "randread" else j["write"]
+        p = side["clat_ns"].get("percentile", {})
+        rows[(path, job)] = (side["iops"], p.get("50.000000", 0) / 1000, p.get("99.000000", 0) / 1000)
+device = re.search(r"^TRIREME DEVICE (.*)$", text, re.M).group(1)
+out = []
+p = out.append
+p("## Guest: the Proxmox plugin's two paths to a disk, kernel nbd device vs NBD socket (issue 43, item 18)")
+p("")
+p("- date: $(date -u '+%Y-%m-%d %H:%M UTC')")
+p("- command: \`$envline $cmdline\`")
+p("- trireme: $(cd "$repo" && git log -1 --format='%h (%s)'), $bin_what")
+p("- machine: $(nproc) CPUs, $(awk '/MemTotal/ {printf "%d GiB", $2 / 1048576}' /proc/meminfo) RAM; the guest's disks are files on $(disk_info "$SCRATCH" "$fstype")")
+p("- load average at start $load_start, at end $(cut -d' ' -f1-3 /proc/loadavg): **the machine was shared with other engineers' builds and tests**; compare the two paths' ratio, not absolute numbers")
+p("- **where**: this machine's kernel has no nbd module, so both paths run inside the QEMU (TCG) guest of crates/cli/tests/kernel_nbd.rs, which stands in for a Proxmox host: $(qemu-system-x86_64 --version | head -1), guest kernel $(cat "$SCRATCH/kguest/version"), 1 GiB, 2 vCPUs; one trireme node inside it (one replica: no replication), its pool a file on the guest's virtio disk")
+p("- the Proxmox plugin's own Perl (t/bin/pve-volume) allocated and activated one %s volume; activation made its kernel device (the plugin's path: %s)" % ("$FIO_SIZE", device))
+p("- fio $(fio --version) inside that guest, on that volume: **kernel** = /dev/nbdN, libaio, direct=1 (what QEMU does with the device the plugin gives it); **socket** = fio's nbd engine over the node's unix socket (libnbd: a user-space NBD client, standing in for QEMU's own NBD client, which the plugin gives QEMU where the node has no kernel nbd); prefilled sequentially, each job ${RUNTIME} s after 1 s ramp, one run each, QD32; latency = completion latency")
+p("- not measured: a VM's guest on each path (a VM inside the TCG guest would be TCG inside TCG), three replicas (the guest runs one node), KVM")
+p("")
+p("| 4k random, QD32 | kernel nbd device | NBD socket (libnbd) | kernel / socket |")
+p("|---|---:|---:|---:|")
+for job, what in (("randwrite", "write"), ("randread", "read")):
+    k, s = rows[("kernel", job)], rows[("socket", job)]
+    p("| %s, IOPS | %.0f | %.0f | %.2f |" % (what, k[0], s[0], k[0] / s[0]))
+    p("| %s, p50 / p99 µs | %.0f / %.0f | %.0f / %.0f | %.2f / %.2f |" % (what, k[1], k[2], s[1], s[2], k[1] / s[1] if s[1] else 0, k[2] / s[2] if s[2] else 0))
+print("\n".join(out))
+PY
+) || die "no fio results from the kernel nbd guest"
+    replace_section guest-kernel-nbd "$section"
+    echo "$section"
+    log "part 5 written to $OUT"
+}
+
+# wait_exit PID SECONDS: until PID has exited; false after SECONDS.
+wait_exit() {
+    local pid=$1
+    for _ in $(seq 1 "$(( $2 * 10 ))"); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+    return 1
+}
+if [ "$PARTS" = kernel-nbd ]; then
+    kernel_nbd_part
+    exit 0
+fi
 
 # --- the cluster ----------------------------------------------------------------
 
@@ -231,7 +339,7 @@ start_qemu() {
         -serial "file:$SCRATCH/$name.console" \
         -qmp "unix:$SCRATCH/$name.qmp,server=on,wait=off" \
         -kernel "$SCRATCH/guest/vmlinuz" -initrd "$SCRATCH/guest/initramfs.cpio.gz" \
-        -append "console=ttyS0 panic=-1 quiet trireme.mode=$mode trireme.count=$count trireme.runtime=$RUNTIME trireme.size=$FIO_SIZE" \
+        -append "console=ttyS0 panic=-1 quiet no_timer_check trireme.mode=$mode trireme.count=$count trireme.runtime=$RUNTIME trireme.size=$FIO_SIZE" \
         -blockdev "$protocol" -blockdev raw,file=proto0,node-name=drive0 \
         -device virtio-blk-pci,drive=drive0 "${extra[@]}" \
         </dev/null >/dev/null 2>"$SCRATCH/$name.stderr" &
@@ -250,11 +358,6 @@ wait_mark() {
     done
 }
 synced() { { grep -Eo '^TRIREME SYNCED [0-9]+' "$SCRATCH/$1.console" 2>/dev/null || true; } | awk 'END {print $3 + 0}'; }
-wait_exit() {
-    local pid=$1
-    for _ in $(seq 1 "$(( $2 * 10 ))"); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
-    return 1
-}
 
 qmp() {
     local arguments=${3:-'{}'}
@@ -477,20 +580,7 @@ p("Each HA run kills the node a writing guest's disk is attached on (a follower 
 print("\n".join(out))
 PY
 )
-python3 - "$OUT" "$section" <<'PY'
-import sys
-path, section = sys.argv[1], sys.argv[2]
-try:
-    text = open(path).read()
-except FileNotFoundError:
-    text = ""
-begin, end = "<!-- guest:begin -->", "<!-- guest:end -->"
-block = begin + "\n" + section + "\n" + end
-if begin in text and end in text:
-    text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
-else:
-    text = text.rstrip("\n") + "\n\n" + block + "\n"
-open(path, "w").write(text)
-PY
+replace_section guest "$section"
 echo "$section"
 log "results written to $OUT"
+kernel_nbd_part

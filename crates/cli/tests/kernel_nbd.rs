@@ -26,6 +26,17 @@
 //! after e2fsck, and that DELETE releases the device; the host asserts
 //! its `RESULT ok` line.
 //!
+//!
+//! The same guest, booted with `trireme.scenario=proxmox`, stands in for a
+//! Proxmox VE host (whose kernel has the module): it runs the Proxmox
+//! plugin's own test of its kernel nbd path (integrations/proxmox/t/
+//! 40-kernel-nbd.t, with perl and the plugin in the initramfs) against its
+//! node: a VM's disk handed to QEMU as the volume's /dev/nbdN, grown by
+//! `volume_resize` while "the VM" (qemu-storage-daemon) holds it, QMP
+//! `block_resize` taking the new size; and a container's root disk
+//! (`map_volume`), with ext4 made, mounted, written, unmounted and found
+//! clean by e2fsck.
+//!
 //! TCG, as tests/qemu_guest.rs: /dev/kvm opens on the machine the tests run
 //! on (itself a VM), but a KVM guest there either aborts (`-cpu host`:
 //! "failed to set MSR 0x10a") or prints nothing in two minutes.
@@ -37,6 +48,7 @@ mod image;
 use common::*;
 use image::GuestImage;
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The whole guest run: boot, the scenario (the paused writer waits up to
@@ -46,8 +58,26 @@ const GUEST_TIMEOUT: Duration = Duration::from_secs(240);
 /// The guest's disk, holding the node's data directory and its pool.
 const DATA_DISK_BYTES: u64 = 2 << 30;
 
-/// Assembles the guest once per kernel package, again when its sources or
-/// the trireme binary are newer than it.
+/// One guest at a time: two TCG guests would share two loaded cores.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The Proxmox plugin's files the guest carries (integrations/proxmox):
+/// the guest is assembled again when one changes.
+const PLUGIN_FILES: [&str; 7] = [
+    "PVE/Storage/Custom/TriremePlugin.pm",
+    "PVE/Storage/Custom/Trireme/Api.pm",
+    "PVE/Storage/Custom/Trireme/Local.pm",
+    "PVE/Storage/Custom/Trireme/Device.pm",
+    "t/lib/TriremeTest.pm",
+    "t/lib/PVE/Storage/Plugin.pm",
+    "t/40-kernel-nbd.t",
+];
+
+/// Assembles the guest once per kernel package, again when its sources,
+/// the plugin or the trireme binary are newer than it.
 fn guest_image() -> Result<GuestImage, String> {
     if let Some(missing) = missing_tools(&[
         "qemu-system-x86_64",
@@ -63,27 +93,64 @@ fn guest_image() -> Result<GuestImage, String> {
         "mkfs.xfs",
         "xfs_growfs",
         "xfs_repair",
+        "qemu-storage-daemon",
+        "perl",
     ]) {
         return Err(missing);
     }
-    image::assemble(
-        "qemu-guest-kernel-nbd",
-        &["assemble.sh", "kernel_nbd.sh"],
-        Some(trireme_bin()),
-    )
+    let plugin =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../integrations/proxmox");
+    let plugin_files: Vec<String> = PLUGIN_FILES
+        .iter()
+        .map(|file| plugin.join(file).display().to_string())
+        .collect();
+    let mut sources = vec![
+        "assemble.sh",
+        "kernel_nbd.sh",
+        "proxmox.sh",
+        "bench.sh",
+        "perl_files.pl",
+    ];
+    sources.extend(plugin_files.iter().map(String::as_str));
+    image::assemble("qemu-guest-kernel-nbd", &sources, Some(trireme_bin()))
 }
 
-#[test]
-fn io_pauses_while_the_daemon_restarts_and_the_data_reads_back() {
-    let image = match guest_image() {
-        Ok(image) => image,
-        Err(reason) => {
-            skip(&format!("no kernel nbd guest: {reason}"));
-            return;
-        }
-    };
-    let scratch = TempDir::new("kernel-nbd");
-    let disk = scratch.path().join("data.img");
+/// What a guest run printed: its "TRIREME " lines, and the whole console
+/// and QEMU's stderr for a failure's message.
+struct GuestRun {
+    marks: Vec<String>,
+    console: String,
+    stderr: String,
+}
+
+impl GuestRun {
+    fn describe(&self) -> String {
+        format!(
+            "--- guest console ---\n{}\n--- qemu stderr ---\n{}",
+            last_chars(&self.console, 8000),
+            self.stderr
+        )
+    }
+
+    /// The `RESULT ok` line, or a failure with the console.
+    fn result(&self) -> &str {
+        let result = self
+            .marks
+            .iter()
+            .find(|mark| mark.starts_with("RESULT "))
+            .unwrap_or_else(|| panic!("the guest printed no result\n{}", self.describe()));
+        assert!(
+            result.starts_with("RESULT ok"),
+            "{result}\n{}",
+            self.describe()
+        );
+        result
+    }
+}
+
+/// The guest's data disk in `dir`: an empty ext4 of [`DATA_DISK_BYTES`].
+fn data_disk(dir: &std::path::Path) -> std::path::PathBuf {
+    let disk = dir.join("data.img");
     std::fs::File::create(&disk)
         .unwrap()
         .set_len(DATA_DISK_BYTES)
@@ -97,7 +164,22 @@ fn io_pauses_while_the_daemon_restarts_and_the_data_reads_back() {
         "{}",
         made.describe("mkfs.ext4 of the guest's disk")
     );
+    disk
+}
+
+/// Boots the guest (`scenario`: its trireme.scenario=, none for the
+/// device scenario) on a fresh ext4 data disk and waits for it to power
+/// off.
+fn run_guest(image: &GuestImage, scenario: Option<&str>) -> GuestRun {
+    let scratch = TempDir::new("kernel-nbd");
+    let disk = data_disk(scratch.path());
     let console = scratch.path().join("console");
+    // no_timer_check: see tests/qemu_guest.rs (a loaded host's TCG guest
+    // can otherwise panic on its timer check at boot).
+    let mut append = "console=ttyS0 panic=-1 quiet no_timer_check".to_string();
+    if let Some(scenario) = scenario {
+        append.push_str(&format!(" trireme.scenario={scenario}"));
+    }
     let mut command = Command::new("qemu-system-x86_64");
     command
         .args([
@@ -116,7 +198,7 @@ fn io_pauses_while_the_daemon_restarts_and_the_data_reads_back() {
         .arg(&image.vmlinuz)
         .arg("-initrd")
         .arg(&image.initramfs)
-        .args(["-append", "console=ttyS0 panic=-1 quiet"])
+        .args(["-append", &append])
         .arg("-drive")
         .arg(format!("file={},format=raw,if=virtio", disk.display()))
         .stdin(Stdio::null())
@@ -131,29 +213,38 @@ fn io_pauses_while_the_daemon_restarts_and_the_data_reads_back() {
         let _ = qemu.kill();
         let _ = qemu.wait();
     }
-    let text = std::fs::read_to_string(&console).unwrap_or_default();
-    let stderr = std::fs::read_to_string(scratch.path().join("qemu.stderr")).unwrap_or_default();
-    let describe = || {
-        format!(
-            "--- guest console ---\n{}\n--- qemu stderr ---\n{stderr}",
-            last_chars(&text, 8000)
-        )
+    let console = std::fs::read_to_string(&console).unwrap_or_default();
+    let run = GuestRun {
+        marks: console
+            .lines()
+            .filter_map(|line| line.trim_end().strip_prefix("TRIREME "))
+            .map(str::to_string)
+            .collect(),
+        stderr: std::fs::read_to_string(scratch.path().join("qemu.stderr")).unwrap_or_default(),
+        console,
     };
     assert!(
         exited,
         "the guest did not power off within {GUEST_TIMEOUT:?}\n{}",
-        describe()
+        run.describe()
     );
-    let marks: Vec<&str> = text
-        .lines()
-        .filter_map(|line| line.trim_end().strip_prefix("TRIREME "))
-        .collect();
-    eprintln!("guest ran {:?}: {marks:#?}", started.elapsed());
-    let result = marks
-        .iter()
-        .find(|mark| mark.starts_with("RESULT "))
-        .unwrap_or_else(|| panic!("the guest printed no result\n{}", describe()));
-    assert!(result.starts_with("RESULT ok"), "{result}\n{}", describe());
+    eprintln!("guest ran {:?}: {:#?}", started.elapsed(), run.marks);
+    run
+}
+
+#[test]
+fn io_pauses_while_the_daemon_restarts_and_the_data_reads_back() {
+    let _one = one_at_a_time();
+    let image = match guest_image() {
+        Ok(image) => image,
+        Err(reason) => {
+            skip(&format!("no kernel nbd guest: {reason}"));
+            return;
+        }
+    };
+    let run = run_guest(&image, None);
+    let result = run.result();
+    let marks: Vec<&str> = run.marks.iter().map(String::as_str).collect();
     // The kill fell while the writer was writing: files before and after.
     let killed_at = file_number(&marks, "KILLED after file ");
     assert!((5..40).contains(&killed_at), "{marks:?}");
@@ -212,6 +303,52 @@ fn io_pauses_while_the_daemon_restarts_and_the_data_reads_back() {
         .and_then(|(_, seconds)| seconds.trim_end_matches('s').parse().ok())
         .unwrap_or_else(|| panic!("no slowest file in {result}"));
     assert!(slowest >= 2, "no file waited for the restart: {result}");
+}
+
+/// TAP lines of t/40-kernel-nbd.t that must have passed in the guest:
+/// the item each shows, by its test name.
+const PROXMOX_CHECKS: [&str; 9] = [
+    "qemu_blockdev_options: host_device on it",
+    "volume_resize of the running VM's disk (qm resize)",
+    "the device shows the new size when volume_resize returns",
+    "QEMU's block_resize (qemu-server's next step) takes it",
+    "QEMU sees 128 MiB",
+    "past the old end, on the same device",
+    "mkfs.ext4 on it (as pct create)",
+    "e2fsck -f -n finds it clean",
+    "every file reads back with its checksum",
+];
+
+#[test]
+fn the_proxmox_plugin_gives_qemu_a_kernel_nbd_device_that_grows_while_the_vm_runs() {
+    let _one = one_at_a_time();
+    let image = match guest_image() {
+        Ok(image) => image,
+        Err(reason) => {
+            skip(&format!("no kernel nbd guest: {reason}"));
+            return;
+        }
+    };
+    let run = run_guest(&image, Some("proxmox"));
+    let tap: Vec<&str> = run
+        .marks
+        .iter()
+        .filter_map(|mark| mark.strip_prefix("TAP "))
+        .collect();
+    let failed: Vec<&&str> = tap
+        .iter()
+        .filter(|line| line.starts_with("not ok"))
+        .collect();
+    assert!(failed.is_empty(), "{failed:#?}\n{}", run.describe());
+    for check in PROXMOX_CHECKS {
+        assert!(
+            tap.iter()
+                .any(|line| line.starts_with("ok ") && line.ends_with(&format!(" - {check}"))),
+            "no passing '{check}' in the guest's TAP\n{}",
+            run.describe()
+        );
+    }
+    run.result();
 }
 
 fn file_number(marks: &[&str], prefix: &str) -> u32 {

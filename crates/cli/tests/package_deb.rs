@@ -160,6 +160,7 @@ fn deb_installs_binary_unit_plugin_completions_and_man_pages() {
         "PVE/Storage/Custom/TriremePlugin.pm",
         "PVE/Storage/Custom/Trireme/Api.pm",
         "PVE/Storage/Custom/Trireme/Local.pm",
+        "PVE/Storage/Custom/Trireme/Device.pm",
     ] {
         let installed = std::fs::read(root.join("usr/share/perl5").join(file))
             .unwrap_or_else(|e| panic!("/usr/share/perl5/{file}: {e}"));

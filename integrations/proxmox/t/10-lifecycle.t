@@ -57,6 +57,19 @@ is_deeply($plugin->list_images('tri', $on1, undef, ['tri:vm-101-disk-1']),
 my ($total, $free, $used, $active) = $plugin->status('tri', $on1);
 ok($active && $total > 0 && $free > 0 && $free <= $total, "status: $free of $total bytes free");
 
+# --- the node makes no kernel nbd devices here: QEMU gets the NBD socket ---
+my $kind = PVE::Storage::Custom::Trireme::Local::local_node(
+    PVE::Storage::Custom::Trireme::Api::config_of($on1, 'tri'))->{device_kind};
+BAIL_OUT("n1 makes '$kind' devices: this test covers the NBD socket path; t/40-kernel-nbd.t"
+        . ' the kernel one')
+    if $kind eq 'kernel-nbd';
+is($kind, 'nbdfuse-loop', 'the node says how it makes devices (no kernel nbd here)');
+dies_like(sub { $plugin->map_volume('tri', $on1, $disk) },
+    [qr/makes no kernel nbd devices/, qr/modprobe nbd/, qr/container/],
+    'a container\'s disk (map_volume) without kernel nbd');
+is_deeply(primaries($disk), [], 'and nothing was attached');
+ok($plugin->unmap_volume('tri', $on1, $disk), 'unmap_volume of what was never mapped is fine');
+
 # --- activate on n1, path, blockdev options, data ---
 ok($plugin->activate_volume('tri', $on1, $disk), 'activate on n1');
 is_deeply(primaries($disk), [$n1], 'n1 is its primary');
@@ -103,8 +116,11 @@ ok($plugin->activate_volume('tri', $on1, $disk), 'activate after the rollback');
 io_ok($blockdev, ['read -P 0x42 0 1M'], 'the rolled-back disk reads as the snapshot');
 
 # --- resize ---
+# The fallback where the node makes no kernel nbd devices (as here: no nbd
+# module; t/40-kernel-nbd.t covers the kernel path, in a QEMU guest).
 eval { $plugin->volume_resize($on1, 'tri', $disk, 128 << 20, 1) };
-like($@, qr/while its VM runs.*NBD client/s, 'a running VM\'s disk is not grown');
+like($@, qr/while its VM runs.*makes no kernel nbd devices.*modprobe nbd.*NBD client/s,
+    'a running VM\'s disk on the NBD socket is not grown, and the message says what would');
 is(($plugin->volume_size_info($on1, 'tri', $disk))[0], 64 << 20, 'and nothing changed');
 ok($plugin->volume_resize($on1, 'tri', $disk, 128 << 20, 0), 'grown with the VM stopped');
 is(($plugin->volume_size_info($on1, 'tri', $disk))[0], 128 << 20, 'the new size');

@@ -9,9 +9,11 @@
 # modules.dep before depmod runs on install) and init.sh as /init.
 # With TRIREME_BINARY (tests/kernel_nbd.rs) the guest is the kernel nbd
 # one instead: the nbd and xfs modules too, that trireme binary, mkfs.ext4,
-# e2fsck, resize2fs, mkfs.xfs, xfs_growfs and xfs_repair, each with the
-# shared libraries ldd lists, and kernel_nbd.sh as
-# /init.
+# e2fsck, resize2fs, mkfs.xfs, xfs_growfs, xfs_repair and
+# qemu-storage-daemon, each with the shared libraries ldd lists; perl with
+# the modules the Proxmox plugin and its tests load (perl_files.pl lists
+# them) and the plugin (integrations/proxmox) as /proxmox; kernel_nbd.sh as
+# /init, with proxmox.sh and bench.sh (its other scenarios) beside it.
 # Usage: assemble.sh KERNEL_PACKAGE OUT [TRIREME_BINARY]
 set -eu
 package=$1
@@ -78,6 +80,19 @@ if [ -n "$trireme" ]; then
     done
     mkdir -p $root/etc
     if [ -f /etc/mke2fs.conf ]; then cp /etc/mke2fs.conf $root/etc/; fi
+    # "The VM" of the Proxmox scenario: QEMU's block layer holding the disk.
+    copy_with_libraries "$(command -v qemu-storage-daemon)" /usr/bin/qemu-storage-daemon
+    # The Proxmox plugin's real code, run by perl in the guest.
+    plugin=$(cd "$here/../../../../integrations/proxmox" && pwd)
+    copy_with_libraries "$(command -v perl)" /usr/bin/perl
+    (cd "$plugin" && perl -I. -It/lib "$here/perl_files.pl") >perl.files
+    grep '^/' perl.files | while read -r file; do
+        mkdir -p "$root$(dirname "$file")"
+        cp -L "$file" "$root$file"
+    done
+    mkdir -p $root/proxmox
+    cp -R "$plugin/PVE" "$plugin/t" $root/proxmox/
+    cp "$here/proxmox.sh" "$here/bench.sh" $root/
 fi
 cp "$here/$init" $root/init
 chmod +x $root/init

@@ -8,7 +8,8 @@
 # daemon, continued, must reconnect on the kernel's LINK_DEAD event. Then
 # the volume grows over the REST API, the daemon grows the device in
 # place and resize2fs grows the mounted ext4, the writer still writing;
-# then the same for an xfs with xfs_growfs. Every line the test reads
+# then the same for an xfs with xfs_growfs. With trireme.scenario=NAME on
+# the kernel command line it runs /NAME.sh instead. Every line the test reads
 # starts with "TRIREME " on the serial console; the last is "RESULT ok"
 # or "RESULT fail: why".
 /bin/busybox --install -s /bin
@@ -72,6 +73,14 @@ request() {
     exec 3>&-
 }
 field() { sed -n "s/.*\"$1\":\"\\{0,1\\}\\([^\",}]*\\).*/\\1/p" | head -n 1; }
+
+# trireme.scenario= on the kernel command line picks another scenario
+# (proxmox.sh: the Proxmox plugin's kernel nbd path); none is this one.
+scenario=$(sed -n 's/.*trireme\.scenario=\([a-z]*\).*/\1/p' /proc/cmdline)
+if [ -n "$scenario" ]; then
+    . "/$scenario.sh"
+    end
+fi
 
 start_node
 trireme --api "http://$api" volume create vol --size 256M >/tmp/create.log 2>&1 ||

@@ -34,6 +34,13 @@ pub struct NodeResponse {
     pub nbd_tcp_address: Option<String>,
     /// The unix socket of the NBD server.
     pub nbd_unix_socket: Option<String>,
+    /// How this node makes a volume's block device on its host (`PUT
+    /// /api/v1/volumes/{name}/device`): `kernel-nbd` (a `/dev/nbdN` that
+    /// grows in place and rides over a restart of the node) or
+    /// `nbdfuse-loop`. The Proxmox plugin hands QEMU the device only
+    /// where it is `kernel-nbd`.
+    #[serde(default)]
+    pub device_kind: Option<String>,
     pub cluster_id: String,
     pub node_id: u64,
     pub node_name: String,

@@ -31,6 +31,7 @@ pub async fn node_info(State(state): State<ApiState>) -> Json<NodeResponse> {
         api_address: state.addresses.api.clone(),
         nbd_tcp_address: state.addresses.nbd_tcp.clone(),
         nbd_unix_socket: state.addresses.nbd_unix.clone(),
+        device_kind: Some(state.devices.kind().as_str().to_string()),
         cluster_id: state.cluster.identity.cluster_id.clone(),
         node_id: state.cluster.node_id().0,
         node_name: state.cluster.config.name.to_string(),

@@ -1,7 +1,8 @@
 package PVE::Storage::Custom::TriremePlugin;
 
 # Proxmox VE storage plugin for trireme: replicated block volumes that QEMU
-# reaches over NBD through the local trireme node's unix socket.
+# reaches through the local trireme node: a kernel nbd device (/dev/nbdN)
+# where the node makes them, else over NBD through the node's unix socket.
 #
 # Copyright the trireme authors. Licensed under the Apache License 2.0.
 #
@@ -13,7 +14,10 @@ package PVE::Storage::Custom::TriremePlugin;
 #   second primary while a VM migrates here (PVE_MIGRATED_FROM is set by
 #   qemu-server), taking it over from a node the cluster marked offline
 #   otherwise; deactivate_volume detaches it from this node;
-# - path / qemu_blockdev_options give QEMU the local NBD unix socket.
+# - path / qemu_blockdev_options give QEMU the volume's kernel nbd device
+#   where this machine's trireme node makes them (the kernel has the nbd
+#   module; Trireme/Device.pm), which grows while the VM runs; else the
+#   local NBD unix socket, whose client in QEMU never sees a new size.
 #
 # Only modules Proxmox VE ships are used (JSON, HTTP::Tiny, core modules).
 
@@ -29,6 +33,10 @@ use PVE::Storage::Custom::Trireme::Api qw(config_of request call volume_info exi
 use PVE::Storage::Custom::Trireme::Local qw(
     state_dir local_node socket_of is_primary_on attached_marker write_file read_file
     socket_alive wait_served
+);
+use PVE::Storage::Custom::Trireme::Device qw(
+    kernel_devices_here device_link make_device device_of release_device grow_device_to
+    human_size
 );
 use base qw(PVE::Storage::Plugin);
 
@@ -325,6 +333,7 @@ sub activate_volume {
     }
     write_file(attached_marker($config, $volume), "$here\n");
     wait_served($config, $volume);
+    make_device($config, $volume) if kernel_devices_here($config);
     return 1;
 }
 
@@ -353,6 +362,7 @@ sub deactivate_volume {
         return 1;
     }
     return 1 if !$info;
+    release_device_here($config, $volume) or return 1;
     my $here = local_node($config)->{node_name};
     if (is_primary_on($info, $here)) {
         call($config, 'POST', "/volumes/$volume/detach", { node => $here });
@@ -361,7 +371,23 @@ sub deactivate_volume {
     return 1;
 }
 
-# QEMU reaches the volume through the local node's unix socket.
+# QEMU (or the container) has let go of the device by now: it goes back
+# to the node. A device still mounted is refused by the node (an error);
+# with this node's trireme not answering, the device and the attachment
+# stay, with a warning (false), as for an attachment with no API.
+sub release_device_here {
+    my ($config, $volume) = @_;
+    return 1 if !kernel_devices_here($config) && !-l device_link($config, $volume);
+    return 1 if eval { release_device($config, $volume) };
+    my $error = $@;
+    die $error if $error !~ /no trireme node answered/;
+    warn "trireme: '$volume' keeps its device and stays attached here: $error";
+    return 0;
+}
+
+# QEMU reaches the volume through its kernel nbd device where the local
+# node makes them (the stable link, valid once activated), else through
+# the local node's unix socket.
 sub path {
     my ($class, $scfg, $volname, $storeid, $snapname) = @_;
     my ($vtype, $volume, $vmid) = $class->parse_volname($volname);
@@ -370,6 +396,7 @@ sub path {
         my $url = snapshot_url($config, $volume, $snapname);
         return ($url, $vmid, $vtype);
     }
+    return (device_link($config, $volume), $vmid, $vtype) if kernel_devices_here($config);
     my $socket = socket_of($config);
     return ("nbd:unix:$socket:exportname=$volume", $vmid, $vtype);
 }
@@ -399,6 +426,9 @@ sub qemu_blockdev_options {
             export => $export,
         };
     }
+    if (kernel_devices_here($config)) {
+        return { driver => 'host_device', filename => device_link($config, $volume) };
+    }
     return {
         driver => 'nbd',
         server => { type => 'unix', path => socket_of($config) },
@@ -415,22 +445,31 @@ sub volume_size_info {
         : $info->{size_bytes};
 }
 
-# Growing: QEMU's NBD client does not see a new size while it is connected,
-# so the disk of a running VM is refused before anything changes. A disk
-# attached here with no VM running is grown and attached again, so the
-# next open sees the new size.
+# Growing. A volume with a kernel nbd device here (its VM runs here, or it
+# is activated) grows in place: the node gives the device the new size,
+# and this returns once the device shows it, for qemu-server's
+# block_resize that follows (QEMU refuses to grow a host device past its
+# size). A running VM that reaches its disk through the NBD socket is
+# refused before anything changes: QEMU's NBD client does not see a new
+# size while connected. A disk attached here with no VM running is grown
+# and attached again, so the next open sees the new size.
 sub volume_resize {
     my ($class, $scfg, $storeid, $volname, $size, $running, $snapname) = @_;
     die "trireme: a snapshot cannot be resized\n" if $snapname;
     my $volume = $class->volume_of($volname);
-    die "trireme: cannot grow '$volume' while its VM runs: QEMU's NBD client would not see the"
-        . " new size. Shut the VM down, resize, and start it again\n"
-        if $running;
     my $config = config_of($scfg, $storeid);
-    my $info = existing_volume($config, $volume);
     my $bytes = ceil($size / $BLOCK_BYTES) * $BLOCK_BYTES;
-    die "trireme: '$volume' is $info->{size_bytes} bytes; it can only grow\n"
+    my $device = kernel_devices_here($config) ? device_of($config, $volume) : undef;
+    refuse_running_resize($config, $volume) if $running && !$device;
+    my $info = existing_volume($config, $volume);
+    die "trireme: '$volume' is " . human_size($info->{size_bytes}) . "; it can only grow\n"
         if $bytes < $info->{size_bytes};
+    if ($device) {
+        call($config, 'POST', "/volumes/$volume/grow", { size_bytes => int($bytes) })
+            if $bytes > $info->{size_bytes};
+        grow_device_to($config, $volume, $bytes);
+        return 1;
+    }
     my $here = local_node($config)->{node_name};
     my $was_here = is_primary_on($info, $here);
     detach_here_or_refuse($config, $info, 'grow');
@@ -441,6 +480,19 @@ sub volume_resize {
         wait_served($config, $volume);
     }
     return 1;
+}
+
+# Why a running VM's disk cannot grow here, and what would let it.
+sub refuse_running_resize {
+    my ($config, $volume) = @_;
+    my $why = kernel_devices_here($config)
+        ? "its VM was started before this node made kernel nbd devices, and reaches it through"
+            . " the NBD socket"
+        : "this node's trireme makes no kernel nbd devices (its kernel has no nbd module:"
+            . " `modprobe nbd`, then restart trireme and the VM), so QEMU reaches it through the"
+            . " NBD socket";
+    die "trireme: cannot grow '$volume' while its VM runs: $why, and QEMU's NBD client would"
+        . " not see the new size. Shut the VM down, resize, and start it again\n";
 }
 
 # --- snapshots, clones, templates --------------------------------------------
@@ -622,56 +674,35 @@ sub volume_has_feature {
 
 # --- kernel block devices (containers) ----------------------------------------
 
-sub nbd_module_loaded {
-    return 1 if -d '/sys/module/nbd';
-    system('modprobe', 'nbd') if -x '/sbin/modprobe' || -x '/usr/sbin/modprobe';
-    return -d '/sys/module/nbd' ? 1 : 0;
-}
-
-sub mapped_device_file {
-    my ($config, $volume) = @_;
-    return state_dir($config) . "/mapped-$volume";
-}
-
+# A container's disk is the volume's kernel nbd device, made by the local
+# trireme node (activating it here first). Where the node makes none (no
+# nbd module) containers cannot use the storage on this node.
 sub map_volume {
     my ($class, $storeid, $scfg, $volname, $snapname, $hints) = @_;
     my $config = config_of($scfg, $storeid);
     my $volume = $class->volume_of($volname);
     die "trireme: snapshots cannot be mapped as block devices\n" if $snapname;
-    my $recorded = read_file(mapped_device_file($config, $volume));
-    chomp($recorded) if defined($recorded);
-    return $recorded if $recorded && -b $recorded && -e "/sys/block/" . ($recorded =~ s!.*/!!r) . "/pid";
-    die "trireme: this kernel has no nbd module (`modprobe nbd` failed), so '$volume' cannot"
-        . " be a block device here: containers cannot use trireme volumes on this node"
-        . " (VMs can: QEMU speaks NBD itself)\n"
-        if !nbd_module_loaded();
+    die "trireme: this node's trireme makes no kernel nbd devices (its kernel has no nbd module:"
+        . " `modprobe nbd`, then restart trireme), so '$volume' cannot be a container's disk"
+        . " here (VMs can: QEMU reaches the NBD socket itself)\n"
+        if !kernel_devices_here($config);
     $class->activate_volume($storeid, $scfg, $volname);
-    my $socket = socket_of($config);
-    for my $sys (sort glob('/sys/block/nbd*')) {
-        next if -e "$sys/pid";
-        my $device = '/dev/' . ($sys =~ s!.*/!!r);
-        next if !-b $device;
-        my $status = system(
-            'qemu-nbd', '--format=raw', '--cache=none', "--connect=$device",
-            "nbd+unix:///$volume?socket=$socket",
-        );
-        next if $status != 0;
-        write_file(mapped_device_file($config, $volume), "$device\n");
-        return $device;
-    }
-    die "trireme: no free /dev/nbdN device for '$volume' (or qemu-nbd failed to connect one)\n";
+    return make_device($config, $volume)->{device};
 }
 
+# The device goes back to the node (refused while mounted). A device that
+# an older version of this plugin connected with qemu-nbd is disconnected.
 sub unmap_volume {
     my ($class, $storeid, $scfg, $volname, $snapname) = @_;
     my $config = config_of($scfg, $storeid);
     my $volume = $class->volume_of($volname);
-    my $file = mapped_device_file($config, $volume);
-    my $device = read_file($file);
-    return 1 if !defined($device);
-    chomp($device);
-    system('qemu-nbd', '--disconnect', $device) if -b $device;
-    unlink($file);
+    my $legacy = state_dir($config) . "/mapped-$volume";
+    if (defined(my $device = read_file($legacy))) {
+        chomp($device);
+        system('qemu-nbd', '--disconnect', $device) if -b $device;
+        unlink($legacy);
+    }
+    release_device_here($config, $volume);
     return 1;
 }
 

@@ -29,8 +29,11 @@ sub state_dir {
     return $dir;
 }
 
-# This Proxmox node's trireme node: { node_name, nbd_unix_socket }, from
-# its local API, remembered for when no API answers.
+# This Proxmox node's trireme node: { node_name, nbd_unix_socket,
+# device_kind }, from its local API, remembered for when no API answers.
+# device_kind is how it makes a volume's block device on this host:
+# `kernel-nbd` where the kernel has the nbd module, else `nbdfuse-loop`
+# (absent from a node older than the field: taken as no kernel device).
 sub local_node {
     my ($config) = @_;
     my $cache = state_dir($config) . '/local-node.json';
@@ -41,6 +44,7 @@ sub local_node {
         my $node = {
             node_name => $answer->{node_name},
             nbd_unix_socket => $answer->{nbd_unix_socket},
+            device_kind => $answer->{device_kind} // 'none',
         };
         write_file($cache, encode_json($node));
         return $node;
