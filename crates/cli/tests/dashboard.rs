@@ -3,15 +3,21 @@
 //! `npm ci` there installs it, .ci/run does). A real three-node cluster
 //! serves the page; tests/ui/dashboard.mjs checks that the pages show what
 //! the REST API says, changes the cluster through the page (create, grow,
-//! snapshot, rollback, detach, attach), sees a node killed here with
-//! SIGKILL shown offline within 10 s, gets the token prompt from a node
-//! that trusts no client, and the 404 pages.
+//! snapshot, rollback, detach, attach, delete with the name typed, replica
+//! remove and add, verify, clone, snapshot delete, schedules, node labels,
+//! pool scan), sees the over-commit flag, charts that open with the node's
+//! I/O history (writes made here before the browser started) and no axis
+//! label printed twice, sees a node killed here with SIGKILL shown offline
+//! within 10 s, gets the token prompt from a node that trusts no client,
+//! and the 404 pages. The history route is then checked through the API.
 //!
 //! Loopback clients are trusted by default, so the browser (on loopback)
 //! meets the token check at a node run with `--trust-loopback=false`: the
 //! same check, on the same code path, as a browser on another machine.
 //!
-//! Screenshots go to target/ui-screenshots/.
+//! Screenshots go to target/ui-screenshots/; with
+//! `TRIREME_UPDATE_SCREENSHOT=1`, `dashboard.png` (a volume's page) is also
+//! copied to docs/img/dashboard.png, README's and docs/dashboard.md's.
 
 mod common;
 
@@ -23,8 +29,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The whole browser script; it takes ~20 s on an idle machine.
-const SCRIPT_TIMEOUT: Duration = Duration::from_secs(120);
+/// The whole browser script; it takes ~40 s on an idle machine.
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
 
 fn ui_test_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ui")
@@ -38,6 +44,9 @@ fn chromium() -> String {
 fn missing_prerequisite() -> Option<String> {
     if let Some(missing) = missing_tools(&["node"]) {
         return Some(format!("{missing} (apt-get install nodejs)"));
+    }
+    if let Some(missing) = missing_tools(&["qemu-io"]) {
+        return Some(format!("{missing} (apt-get install qemu-utils)"));
     }
     if !Path::new(&chromium()).exists() {
         return Some(format!(
@@ -113,6 +122,16 @@ fn the_dashboard_shows_the_cluster_changes_it_and_sees_a_node_die() {
     ]);
     wait_in_sync(n1, "vm-disk", Duration::from_secs(60));
     n1.cli(&["volume", "attach", "vm-disk", "--node", "n1"]);
+    // I/O before the browser starts: the charts must open with it.
+    let io_since_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let wrote = exec(
+        &mut qemu_io(&n1.uri("vm-disk"), &["write -P 0x5a 0 8M", "flush"]),
+        Duration::from_secs(60),
+    );
+    assert!(qemu_io_ok(&wrote), "{}", wrote.describe("qemu-io write"));
 
     // Screenshots of an earlier run must not pass for this one's.
     let _ = std::fs::remove_dir_all(screenshot_dir());
@@ -126,6 +145,7 @@ fn the_dashboard_shows_the_cluster_changes_it_and_sees_a_node_die() {
         .env("TRIREME_VOLUME", "vm-disk")
         .env("TRIREME_ATTACHED_ON", "n1")
         .env("TRIREME_VICTIM", victim)
+        .env("TRIREME_IO_SINCE_MS", io_since_ms.to_string())
         .env("SCREENSHOT_DIR", screenshot_dir())
         .env("CHROMIUM", chromium())
         .stdin(Stdio::piped())
@@ -205,6 +225,8 @@ fn the_dashboard_shows_the_cluster_changes_it_and_sees_a_node_die() {
         .find(|node| node["name"] == victim)
         .map(|node| node["state"].clone());
     assert_eq!(state_of_victim, Some(Value::from("offline")), "{listed:#}");
+    assert_changes_through_the_page(n1);
+    assert_history_route(n1);
     for name in [
         "overview",
         "nodes",
@@ -214,6 +236,10 @@ fn the_dashboard_shows_the_cluster_changes_it_and_sees_a_node_die() {
         "node-offline",
         "volume-node-down",
         "token-prompt",
+        "overcommitted",
+        "node",
+        "pool",
+        "dashboard",
     ] {
         let path = screenshot_dir().join(format!("{name}.png"));
         let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
@@ -222,5 +248,61 @@ fn the_dashboard_shows_the_cluster_changes_it_and_sees_a_node_die() {
             "screenshot {} missing or empty",
             path.display()
         );
+    }
+    if std::env::var_os("TRIREME_UPDATE_SCREENSHOT").is_some() {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/img/dashboard.png");
+        std::fs::copy(screenshot_dir().join("dashboard.png"), &docs).unwrap();
+    }
+}
+
+/// What the page's newer actions did, seen through the CLI (the REST API).
+fn assert_changes_through_the_page(n1: &TestNode) {
+    let gone = n1.cli_fail(&["volume", "show", "ui-big"]);
+    assert!(
+        gone.stderr.contains("ui-big"),
+        "{}",
+        gone.describe("show a deleted volume")
+    );
+    let clone = n1.cli_json(&["volume", "show", "ui-clone"]);
+    assert_eq!(clone["size_bytes"], 64 << 20, "{clone:#}");
+    let schedule = n1.cli_json(&["snapshot", "schedule", "ui-made"]);
+    assert!(schedule["every_secs"].is_null(), "{schedule:#}");
+    let node = n1.cli_json(&["node", "show", "n1"]);
+    assert_eq!(node["labels"]["zone"], "rack1", "{node:#}");
+}
+
+/// GET /api/v1/io/history: 10 s slots, at most an hour of them, the
+/// writes made before the browser started among them.
+fn assert_history_route(n1: &TestNode) {
+    for query in ["?volume=vm-disk", "", "?node=n1"] {
+        let (status, body) = http_at(
+            &n1.api_address(),
+            "GET",
+            &format!("/api/v1/io/history{query}"),
+            &[],
+            b"",
+        );
+        assert_eq!(status, 200, "{query}: {body}");
+        let history: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(history["resolution_seconds"], 10, "{history:#}");
+        assert_eq!(history["span_seconds"], 3600, "{history:#}");
+        let samples = history["samples"].as_array().unwrap();
+        assert!(
+            !samples.is_empty() && samples.len() <= 360,
+            "{query}: {history:#}"
+        );
+        let times: Vec<u64> = samples
+            .iter()
+            .map(|sample| sample["unix_seconds"].as_u64().unwrap())
+            .collect();
+        assert!(
+            times.iter().all(|time| time.is_multiple_of(10)),
+            "{times:?}"
+        );
+        assert!(times.windows(2).all(|pair| pair[0] < pair[1]), "{times:?}");
+        let written = samples
+            .iter()
+            .any(|sample| sample["write_bytes_per_sec"].as_f64().unwrap() > 0.0);
+        assert!(written, "{query}: the 8 MiB written are in it: {history:#}");
     }
 }

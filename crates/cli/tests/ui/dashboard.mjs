@@ -7,11 +7,17 @@
 //   TRIREME_TOKEN        the cluster's admin token
 //   TRIREME_VOLUME       a volume attached on TRIREME_ATTACHED_ON
 //   TRIREME_VICTIM       the node the Rust side kills when asked
+//   TRIREME_IO_SINCE_MS  when the Rust side first wrote to TRIREME_VOLUME
+//                        (ms since the epoch), before this script started
 //   SCREENSHOT_DIR       where the screenshots go
 //   CHROMIUM             the browser binary [default: /usr/bin/chromium]
 //
 // It checks that the pages show what the REST API says, changes the
-// cluster through the page (and checks the change through the API), asks
+// cluster through the page (and checks the change through the API: create,
+// grow, snapshot, roll back, detach, attach, delete with the name typed,
+// replica remove and add, verify, clone, snapshot delete, schedules, node
+// labels, pool scan), that every change is sent as JSON, that charts open
+// with the node's history and never print an axis label twice, asks
 // the Rust side to SIGKILL a node ("kill NAME" on stdout, "killed" back on
 // stdin) and checks the page shows it offline within 10 s, then checks the
 // token prompt of the locked node and the 404 pages.
@@ -33,6 +39,7 @@ const adminToken = env('TRIREME_TOKEN');
 const attachedVolume = env('TRIREME_VOLUME');
 const attachedOn = env('TRIREME_ATTACHED_ON');
 const victim = env('TRIREME_VICTIM');
+const ioSinceMs = Number(env('TRIREME_IO_SINCE_MS'));
 const screenshots = env('SCREENSHOT_DIR');
 const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
 /** The promise of the issue: a killed node shows offline within this. */
@@ -59,6 +66,38 @@ async function restOk(path) {
   return json;
 }
 
+/** A change through the API, as JSON (the setup of a step, not under test). */
+async function restChange(method, path, body) {
+  const { status, json } = await rest(path, {
+    method, headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body ?? {}),
+  });
+  assert.ok(status >= 200 && status < 300, `${method} ${path}: ${status} ${JSON.stringify(json)}`);
+  return json;
+}
+
+/** Polls `check` (an async function) until it is true, for at most `ms`. */
+async function eventually(what, check, ms = 30_000) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const last = await check();
+    if (last === true) return;
+    if (Date.now() > deadline) throw new Error(`${what}: not so within ${ms / 1000} s (${JSON.stringify(last)})`);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+  }
+}
+
+/** Every chart in the page: no y-axis label printed twice. */
+async function assertAxisLabelsDistinct(page, where) {
+  const charts = await page.locator('svg.chart').evaluateAll((svgs) =>
+    svgs.map((svg) => [...svg.querySelectorAll('.grid text')].map((text) => text.textContent)));
+  assert.ok(charts.length > 0, `${where}: charts shown`);
+  for (const labels of charts) {
+    assert.equal(new Set(labels).size, labels.length, `${where}: an axis label printed twice: ${labels.join(' | ')}`);
+  }
+}
+
+const diskfulNodes = (volume) => volume.replicas.filter((replica) => replica.kind === 'diskful').map((replica) => replica.node).sort();
+
 async function shot(page, name) {
   await page.screenshot({ path: join(screenshots, `${name}.png`), fullPage: true });
 }
@@ -77,6 +116,14 @@ const browser = await chromium.launch({
 const problems = [];
 function watch(page) {
   page.on('pageerror', (error) => problems.push(`uncaught error in the page: ${error.message}`));
+  // Every change the page sends is JSON: a node refuses others (a form or
+  // text/plain is what another site can make a browser send).
+  page.on('request', (request) => {
+    if (request.method() !== 'GET' && request.url().includes('/api/v1/')) {
+      const type = request.headers()['content-type'] ?? '(none)';
+      if (!type.startsWith('application/json')) problems.push(`${request.method()} ${request.url()} sent as ${type}`);
+    }
+  });
   page.on('console', (message) => {
     // A refused script or style (CSP) is a broken page; 404s of endpoints
     // this node lacks are expected and shown as such.
@@ -236,6 +283,163 @@ try {
   await page.locator('dialog#attach-volume').waitFor({ state: 'detached' });
   assert.deepEqual((await restOk(`/volumes/${attachedVolume}`)).primaries, [attachedOn]);
   await page.locator('[data-fact=primaries]').filter({ hasText: attachedOn }).waitFor();
+
+  step('a volume larger than its pool is flagged over-committed, in the pools and the overview');
+  const home = await restOk(`/nodes/${attachedOn}`);
+  const homePool = home.pool_list[0];
+  const bigSize = Math.ceil((homePool.capacity_bytes * 4) / 2 ** 30) * 2 ** 30;
+  await restChange('POST', '/volumes', { name: 'ui-big', size_bytes: bigSize, replicas: 1, nodes: [attachedOn] });
+  await page.goto(`${base}/ui/#/pools`);
+  const flagged = page.locator(`tr[data-pool="${attachedOn}/${homePool.name}"] td.provisioned[data-overcommitted=true]`);
+  await flagged.locator('.badge').filter({ hasText: 'over-committed' }).waitFor();
+  await page.click('nav a[data-page=""]');
+  await page.locator('[data-card=capacity] [data-overcommitted=true]').filter({ hasText: 'over-committed' }).waitFor();
+  await shot(page, 'overcommitted');
+
+  step('delete asks for the volume\'s name typed: a wrong one deletes nothing, the right one deletes it');
+  await page.goto(`${base}/ui/#/volumes/ui-big`);
+  await page.locator('.title-row[data-volume="ui-big"]').waitFor();
+  await page.click('[data-action=delete-volume]');
+  const deleting = page.locator('dialog#delete-volume');
+  await deleting.locator('input[name=typed]').fill('ui-bi');
+  await deleting.locator('button[type=submit]').click();
+  await deleting.locator('.dialog-error').filter({ hasText: '"ui-bi" is not the volume\'s name' }).waitFor();
+  assert.equal((await rest('/volumes/ui-big')).status, 200, 'a wrong name deletes nothing');
+  await deleting.locator('input[name=typed]').fill('ui-big');
+  await deleting.locator('button[type=submit]').click();
+  await deleting.waitFor({ state: 'detached' });
+  await eventually('ui-big is gone', async () => (await rest('/volumes/ui-big')).status === 404);
+  await page.locator('main[data-page=volumes]').waitFor();
+
+  step('remove a replica through the page (confirmed), then add it back');
+  await page.goto(`${base}/ui/#/volumes/ui-made`);
+  await page.locator(`tr[data-replica="${victim}"][data-kind=diskful] [data-action=remove-replica]`).click();
+  const removing = page.locator('dialog#remove-replica');
+  await removing.filter({ hasText: 'is deleted' }).waitFor();
+  await removing.locator('button[type=submit]').click();
+  await removing.waitFor({ state: 'detached' });
+  assert.ok(!diskfulNodes(await restOk('/volumes/ui-made')).includes(victim), `no diskful replica of ui-made on ${victim}`);
+  await page.locator(`tr[data-replica="${victim}"][data-kind=diskful]`).waitFor({ state: 'detached' });
+  await page.click('[data-action=add-replica]');
+  const adding = page.locator('dialog#add-replica');
+  await adding.locator('select[name=node]').selectOption(victim);
+  await adding.locator('button[type=submit]').click();
+  await adding.waitFor({ state: 'detached' });
+  assert.ok(diskfulNodes(await restOk('/volumes/ui-made')).includes(victim), `a diskful replica of ui-made on ${victim} again`);
+
+  step('clone a snapshot, delete another, through the page');
+  await page.locator('tr[data-snapshot="ui-snap"] [data-action=clone]').click();
+  const cloning = page.locator('dialog#clone-snapshot');
+  await cloning.locator('input[name=name]').fill('ui-clone');
+  await cloning.locator('button[type=submit]').click();
+  await cloning.waitFor({ state: 'detached' });
+  assert.equal((await restOk('/volumes/ui-clone')).size_bytes, 64 << 20, 'the clone has the snapshot\'s size');
+  await restChange('POST', '/volumes/ui-made/snapshots', { name: 'ui-snap-gone' });
+  await page.locator('tr[data-snapshot="ui-snap-gone"] [data-action=delete-snapshot]').click();
+  const unsnapping = page.locator('dialog#delete-snapshot');
+  await unsnapping.filter({ hasText: 'gone for good' }).waitFor();
+  await unsnapping.locator('button[type=submit]').click();
+  await unsnapping.waitFor({ state: 'detached' });
+  await eventually('ui-snap-gone is deleted', async () =>
+    !(await restOk('/volumes/ui-made/snapshots')).some((snapshot) => snapshot.name === 'ui-snap-gone'));
+
+  step('a snapshot schedule set and stopped through the page');
+  await page.click('[data-action=schedule]');
+  const scheduling = page.locator('dialog#snapshot-schedule');
+  await scheduling.locator('input[name=every]').fill('5s');
+  await scheduling.locator('button[type=submit]').click();
+  await scheduling.locator('.dialog-error').filter({ hasText: 'too often' }).waitFor();
+  await scheduling.locator('input[name=every]').fill('1h');
+  await scheduling.locator('input[name=keep]').fill('3');
+  await scheduling.locator('button[type=submit]').click();
+  await scheduling.waitFor({ state: 'detached' });
+  const schedule = await restOk('/volumes/ui-made/snapshot-schedule');
+  assert.deepEqual([schedule.every_secs, schedule.keep], [3600, 3], JSON.stringify(schedule));
+  await page.locator('[data-schedule="3600/3"]').waitFor();
+  await page.click('[data-action=unschedule]');
+  await eventually('no schedule', async () => (await restOk('/volumes/ui-made/snapshot-schedule')).every_secs == null);
+  await page.locator('[data-schedule=none]').waitFor();
+  step('an idle volume\'s charts print each axis label once');
+  await page.locator('[data-panel=io] svg.chart').first().waitFor();
+  await assertAxisLabelsDistinct(page, 'ui-made');
+
+  step('verify through the page; its report shows when done');
+  await page.goto(`${base}/ui/#/volumes/${attachedVolume}`);
+  await page.click('[data-action=verify]');
+  await eventually('the verify is done', async () => {
+    const { status, json } = await rest(`/volumes/${attachedVolume}/verify`);
+    return (status === 200 && json.state === 'done') || [status, json?.state];
+  });
+  await page.locator('[data-panel=verify] [data-verify=done][data-differing="0"]').waitFor();
+
+  step('a node\'s page: its pools, replicas and attached volumes; labels and a pool scan through it');
+  await page.goto(`${base}/ui/#/nodes/${attachedOn}`);
+  await page.locator(`.title-row[data-node="${attachedOn}"]`).waitFor();
+  await eventually('the node page lists the replicas the API lists', async () => {
+    const detail = await restOk(`/nodes/${attachedOn}`);
+    const shown = await page.locator('[data-panel=replicas] tbody tr').evaluateAll((rows) =>
+      rows.map((row) => `${row.dataset.volume}:${row.dataset.primary}`));
+    const expected = detail.replicas.map((replica) => `${replica.volume}:${replica.primary}`);
+    return JSON.stringify(shown.sort()) === JSON.stringify(expected.sort()) || { shown, expected };
+  });
+  await page.locator(`[data-panel=replicas] tr[data-volume="${attachedVolume}"][data-primary=true]`).waitFor();
+  for (const pool of home.pool_list) {
+    await page.locator(`[data-panel=pools] tr[data-pool="${attachedOn}/${pool.name}"]`).waitFor();
+  }
+  await page.click('[data-action=labels]');
+  const labelling = page.locator('dialog#node-labels');
+  await labelling.locator('input[name=labels]').fill('zone=rack1');
+  await labelling.locator('button[type=submit]').click();
+  await labelling.waitFor({ state: 'detached' });
+  assert.deepEqual((await restOk(`/nodes/${attachedOn}`)).labels, { zone: 'rack1' });
+  await page.locator('[data-fact=labels]').filter({ hasText: 'zone=rack1' }).waitFor();
+  await page.click('[data-action=remove-node]');
+  const evicting = page.locator('dialog#remove-node');
+  await evicting.locator('input[name=typed]').fill(`${attachedOn}x`);
+  await evicting.locator('button[type=submit]').click();
+  await evicting.locator('.dialog-error').filter({ hasText: 'is not the node\'s name' }).waitFor();
+  await evicting.locator('button[value=cancel]').click();
+  assert.equal((await restOk('/nodes')).length, 3, 'a wrong name removes nothing');
+  await page.click(`[data-panel=pools] tr[data-pool="${attachedOn}/${homePool.name}"] [data-action=scan-pool]`);
+  await page.locator('.notice').filter({ hasText: `Pool ${homePool.name} is clean` }).waitFor({ timeout: 30_000 });
+  await shot(page, 'node');
+  step('a pool\'s page: its figures and the volumes with a replica in it');
+  await page.click(`[data-panel=pools] tr[data-pool="${attachedOn}/${homePool.name}"] td.name a`);
+  await page.locator(`.title-row[data-pool="${attachedOn}/${homePool.name}"]`).waitFor();
+  await page.locator(`[data-panel=volumes] tr[data-volume="${attachedVolume}"]`).waitFor();
+  await page.locator('[data-fact=checksum-errors]').waitFor();
+  await shot(page, 'pool');
+  step('another node\'s pool is scanned on that node\'s dashboard: a link, not a button');
+  const other = nodes.find((node) => node.name !== attachedOn && node.name !== victim);
+  await page.goto(`${base}/ui/#/nodes/${other.name}`);
+  await page.locator(`[data-panel=pools] tr[data-pool^="${other.name}/"] a.scan-elsewhere`).first().waitFor();
+  assert.equal(await page.locator('[data-panel=pools] [data-action=scan-pool]').count(), 0);
+
+  step('charts open with the node\'s history: samples from before the page was opened');
+  await eventually('the node\'s history holds the writes made before this script', async () => {
+    const history = await restOk(`/io/history?volume=${attachedVolume}`);
+    return history.samples.some((sample) => sample.write_bytes_per_sec > 0) || history.samples.length;
+  }, 40_000);
+  const fresh = watch(await context.newPage());
+  for (const [where, url] of [['volume', `${base}/ui/#/volumes/${attachedVolume}`], ['overview', `${base}/ui/`]]) {
+    const openedAt = Date.now();
+    await fresh.goto(url);
+    const throughput = fresh.locator('[data-panel=io] svg.chart[aria-label=Throughput]');
+    await throughput.waitFor();
+    const oldest = Number(await throughput.getAttribute('data-oldest'));
+    assert.ok(oldest < openedAt - 5000, `${where}: the chart starts before the page opened (${oldest} vs ${openedAt}, ${ioSinceMs})`);
+    assert.ok(Number(await throughput.getAttribute('data-peak')) > 0, `${where}: the writes made before the page opened are drawn`);
+    await assertAxisLabelsDistinct(fresh, where);
+  }
+  await fresh.click('[data-panel=io] [data-span="1 h"]');
+  await fresh.locator('[data-panel=io] svg.chart text.axis').filter({ hasText: '−60 min' }).first().waitFor();
+  await fresh.goto(`${base}/ui/#/volumes/${attachedVolume}`);
+  await fresh.locator('[data-panel=verify] [data-verify=done]').waitFor();
+  await fresh.locator('[data-panel=io] svg.chart').first().waitFor();
+  await fresh.locator('[data-panel=events] table.events').waitFor();
+  await fresh.click('[data-panel=io] [data-span="5 min"]');
+  await shot(fresh, 'dashboard');
+  await fresh.close();
 
   step(`a killed node (${victim}) shows offline within ${OFFLINE_WITHIN_MS / 1000} s`);
   await page.click('nav a[data-page=nodes]');

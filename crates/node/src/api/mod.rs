@@ -5,7 +5,7 @@
 //! - [`error`]: [`ApiError`] and the status code of every failure.
 //! - `validate`: checks of names, sizes and bodies, before any store call.
 //! - `system`, `pools`, `volumes`, `snapshots`, `verify`, `cluster`,
-//!   `events`: the handlers.
+//!   `events`, `history`: the handlers.
 //! - `internal`: the node-to-node routes under `/internal/v1` (Raft,
 //!   forwarded writes, heartbeats, joins), signed by a member; their paths
 //!   and bodies are [`crate::cluster::protocol`].
@@ -20,6 +20,7 @@ mod cluster;
 mod devices;
 pub mod error;
 mod events;
+mod history;
 mod internal;
 pub mod model;
 mod monitoring;
@@ -108,6 +109,7 @@ pub struct ApiState {
         snapshots::delete_schedule,
         cluster::status,
         monitoring::io,
+        history::io_history,
         events::list_events,
         cluster::list_nodes,
         cluster::remove_node,
@@ -229,6 +231,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/metrics", get(monitoring::metrics))
         .route("/api/v1/io", get(monitoring::io))
         .route("/api/v1/events", get(events::list_events))
+        .merge(history::router())
         .route_layer(axum::middleware::from_fn(move |request, next| {
             authenticate(trust_loopback, token.clone(), node_id, request, next)
         }));
@@ -240,6 +243,7 @@ pub fn router(state: ApiState) -> Router {
         // Signed by a member (checked in the handler), like /internal/v1.
         .route(verify::PATH_INTERNAL_VERIFY, post(verify::internal_verify))
         .route(monitoring::PATH_INTERNAL_IO, post(monitoring::internal_io))
+        .merge(history::internal_router())
         .fallback(unknown_endpoint)
         .with_state(state)
         .merge(internal::router(cluster))

@@ -47,8 +47,13 @@ const ASSETS: &[Asset] = &[
     asset!("js/dom.js", JAVASCRIPT),
     asset!("js/chart.js", JAVASCRIPT),
     asset!("js/dialogs.js", JAVASCRIPT),
+    asset!("js/history.js", JAVASCRIPT),
+    asset!("js/nodes.js", JAVASCRIPT),
     asset!("js/pages.js", JAVASCRIPT),
+    asset!("js/snapshots.js", JAVASCRIPT),
+    asset!("js/space.js", JAVASCRIPT),
     asset!("js/volumes.js", JAVASCRIPT),
+    asset!("js/widgets.js", JAVASCRIPT),
     asset!("not-found.html", HTML),
 ];
 

@@ -5,12 +5,14 @@
 //! - `collect`: gathers every family at scrape time from the node's parts.
 //! - `process`: the node process's CPU, memory and files from /proc.
 //! - `rates`: per-volume I/O rates over the last ~10 s.
+//! - `history`: the last hour of I/O at 10 s, per volume and for the node.
 //!
 //! The hot path only touches the NBD edge's atomics
 //! ([`trireme_export::VolumeIo`]); everything else is read when scraped.
 
 mod collect;
 mod encode;
+pub mod history;
 pub mod process;
 pub mod rates;
 
@@ -37,6 +39,7 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub struct Metrics {
     volumes: Mutex<BTreeMap<String, Arc<VolumeIo>>>,
     pub rates: Rates,
+    pub history: history::History,
 }
 
 impl Metrics {
@@ -85,7 +88,7 @@ impl Metrics {
 
     /// Takes one sample of every volume's counters for the rates.
     pub fn sample(&self, at: Instant) {
-        let totals = self
+        let totals: BTreeMap<String, Totals> = self
             .volume_snapshots()
             .into_iter()
             .map(|(name, snapshot)| {
@@ -101,6 +104,7 @@ impl Metrics {
                 (name, totals)
             })
             .collect();
+        self.history.record(std::time::SystemTime::now(), &totals);
         self.rates.record(at, totals);
     }
 }

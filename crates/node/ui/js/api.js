@@ -50,10 +50,18 @@ export function onUnauthorized(listener) {
 
 /** One API call; resolves to the parsed JSON (null for 204), throws ApiError. */
 export async function call(method, path, body) {
+  return (await request(method, path, body)).json;
+}
+
+/** One API call; resolves to {status, json}: 202 says "still under way". */
+async function request(method, path, body) {
   const headers = { Accept: 'application/json' };
   const current = token();
   if (current) headers.Authorization = `Bearer ${current}`;
-  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  // Every change says it is JSON, body or not: a node refuses changes
+  // sent as a form or text/plain, which another site could make a browser
+  // send (docs/dashboard.md).
+  if (method !== 'GET') headers['Content-Type'] = 'application/json';
   const abort = new AbortController();
   // Changes may take long (a resync to wait for); reads must not hang a poll.
   const timer = method === 'GET' ? setTimeout(() => abort.abort(), TIMEOUT_MS) : null;
@@ -82,7 +90,7 @@ export async function call(method, path, body) {
   } catch {
     json = null;
   }
-  if (response.ok) return json;
+  if (response.ok) return { status: response.status, json };
   const error = new ApiError(
     response.status,
     json?.code ?? `http_${response.status}`,
@@ -95,6 +103,9 @@ export async function call(method, path, body) {
 
 export const get = (path) => call('GET', path);
 export const post = (path, body = {}) => call('POST', path, body);
+export const put = (path, body) => call('PUT', path, body);
+/** A delete: resolves to {status, json} (204 done, 202 under way). */
+export const del = (path) => request('DELETE', path);
 
 /** A path segment: names are validated by the node, but never trusted here. */
 export const segment = (name) => encodeURIComponent(name);

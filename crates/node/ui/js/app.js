@@ -1,15 +1,21 @@
-// The dashboard: polls the node's API every POLL_MS, keeps a short
-// history for the charts, and draws the page the URL's fragment names
-// (#/, #/nodes, #/pools, #/volumes, #/volumes/NAME, #/events).
+// The dashboard: polls the node's API every POLL_MS, fetches the I/O
+// history the page charts, and draws the page the URL's fragment names
+// (#/, #/nodes, #/nodes/NAME, #/pools, #/pools/NODE/POOL, #/volumes,
+// #/volumes/NAME, #/events).
 
-import { get, onUnauthorized, setToken, forgetToken, token } from './api.js';
+import { get, segment, onUnauthorized, setToken, forgetToken, token } from './api.js';
 import { h, replace, badge } from './dom.js';
 import { tokenDialog } from './dialogs.js';
 import { renderPage, PAGES } from './pages.js';
+import { pick, historyKey, pollHistory } from './history.js';
 
 /** A node killed shows offline within OFFLINE_AFTER (3 s) plus one poll. */
 const POLL_MS = 2000;
-/** Samples kept per chart: 5 minutes at one every 2 s. */
+/**
+ * The page's own samples kept per chart: 5 minutes at one every 2 s.
+ * They follow the node's history (history.js), or stand in for it on a
+ * node without one.
+ */
 const HISTORY_SAMPLES = 150;
 /** Events kept in the page; older ones are dropped. */
 const EVENTS_KEPT = 500;
@@ -24,7 +30,11 @@ const state = {
   snapshots: [],
   /** node name -> GET /nodes/{name} (its pools) */
   nodeDetails: new Map(),
-  io: { available: null, message: null, latest: null, cluster: [], volumes: new Map(), missingNodes: [] },
+  io: { available: null, message: null, latest: null, cluster: [], volumes: new Map(), nodes: new Map(), missingNodes: [] },
+  /** 'cluster' | 'node:NAME' | 'volume:NAME' -> the node's I/O history (history.js) */
+  history: new Map(),
+  /** API path -> {value} or {error}: what the current page shows beyond the lists */
+  extra: new Map(),
   events: { available: null, message: null, list: [], lastSeq: null },
   /** Why the last poll failed (the node is unreachable...), or null. */
   error: null,
@@ -76,7 +86,33 @@ async function poll() {
   state.volumes = volumes.value;
   state.snapshots = snapshots.value;
   state.updated = new Date();
-  await Promise.all([pollNodeDetails(), pollIo(), pollEvents()]);
+  const route = currentRoute();
+  await Promise.all([pollNodeDetails(), pollIo(), pollEvents(), pollHistory(state, historyKey(route)), pollExtras(route)]);
+}
+
+/** The API paths the page of `route` shows beyond the lists of every poll. */
+function extraPaths(route) {
+  const [page, name, pool] = route;
+  if (page === 'volumes' && name) {
+    const paths = [`/volumes/${segment(name)}/snapshot-schedule`];
+    const volume = state.volumes.find((candidate) => candidate.name === name);
+    if (volume?.primaries.length) paths.push(`/volumes/${segment(name)}/verify`);
+    return paths;
+  }
+  // A pool's own figures come from its node only: the node serving the page.
+  if (page === 'pools' && pool && name === state.status?.this_node) return [`/pools/${segment(pool)}`];
+  return [];
+}
+
+async function pollExtras(route) {
+  const paths = extraPaths(route);
+  const results = await Promise.allSettled(paths.map((path) => get(path)));
+  const fresh = new Map();
+  paths.forEach((path, index) => {
+    const result = results[index];
+    fresh.set(path, result.status === 'fulfilled' ? { value: result.value } : { error: result.reason });
+  });
+  state.extra = fresh;
 }
 
 async function pollNodeDetails() {
@@ -108,35 +144,38 @@ async function pollIo() {
       typeof missing === 'string' ? missing : missing?.node ?? missing?.name ?? JSON.stringify(missing));
     state.io.cluster.push({ time, values: pick(io) });
     keep(state.io.cluster, HISTORY_SAMPLES);
-    const perVolume = new Map();
-    for (const entry of io.volumes ?? []) {
-      const sum = perVolume.get(entry.volume) ?? { read_iops: 0, write_iops: 0, read_bytes_per_sec: 0, write_bytes_per_sec: 0 };
-      for (const [key, value] of Object.entries(pick(entry))) sum[key] += value;
-      perVolume.set(entry.volume, sum);
-    }
-    const names = new Set(state.volumes.map((volume) => volume.name));
-    for (const name of names) {
-      const history = state.io.volumes.get(name) ?? [];
-      history.push({ time, values: perVolume.get(name) ?? pick({}) });
-      keep(history, HISTORY_SAMPLES);
-      state.io.volumes.set(name, history);
-    }
-    for (const name of [...state.io.volumes.keys()]) {
-      if (!names.has(name)) state.io.volumes.delete(name);
-    }
+    const perVolume = sumBy(io.volumes ?? [], (entry) => entry.volume);
+    const perNode = sumBy(io.volumes ?? [], (entry) => entry.node);
+    sample(state.io.volumes, state.volumes.map((volume) => volume.name), perVolume, time);
+    sample(state.io.nodes, state.nodes.map((node) => node.name), perNode, time);
   } catch (failure) {
     state.io.available = failure.endpointMissing ? false : state.io.available;
     state.io.message = failure.endpointMissing ? 'not available on this node' : failure.message;
   }
 }
 
-function pick(sample) {
-  return {
-    read_iops: Number(sample.read_iops ?? 0),
-    write_iops: Number(sample.write_iops ?? 0),
-    read_bytes_per_sec: Number(sample.read_bytes_per_sec ?? 0),
-    write_bytes_per_sec: Number(sample.write_bytes_per_sec ?? 0),
-  };
+/** The rates of /io's entries added up by `keyOf` (volume or node). */
+function sumBy(entries, keyOf) {
+  const sums = new Map();
+  for (const entry of entries) {
+    const sum = sums.get(keyOf(entry)) ?? pick({});
+    for (const [key, value] of Object.entries(pick(entry))) sum[key] += value;
+    sums.set(keyOf(entry), sum);
+  }
+  return sums;
+}
+
+/** Appends a sample to each name's series; forgets names that are gone. */
+function sample(series, names, sums, time) {
+  for (const name of names) {
+    const history = series.get(name) ?? [];
+    history.push({ time, values: sums.get(name) ?? pick({}) });
+    keep(history, HISTORY_SAMPLES);
+    series.set(name, history);
+  }
+  for (const name of [...series.keys()]) {
+    if (!names.includes(name)) series.delete(name);
+  }
 }
 
 async function pollEvents() {
@@ -171,7 +210,7 @@ function render() {
   for (const link of document.querySelectorAll('nav a')) {
     link.classList.toggle('current', link.dataset.page === (route[0] ?? ''));
   }
-  renderPage(document.getElementById('main'), route, state, { refresh });
+  renderPage(document.getElementById('main'), route, state, { refresh, render });
 }
 
 function renderHeader() {
@@ -230,7 +269,11 @@ onUnauthorized((error) => {
   });
 });
 
-window.addEventListener('hashchange', render);
+// A new page may chart another history: fetch it now, not at the next poll.
+window.addEventListener('hashchange', () => {
+  render();
+  refresh();
+});
 document.getElementById('nav').replaceChildren(
   ...PAGES.map(([page, label]) => h('a', { href: `#/${page}`, dataset: { page } }, label)),
 );

@@ -17,6 +17,8 @@ export function formDialog({ id, title, message, fields, submit, danger, onSubmi
         ? h('select', { name: field.name, required: field.required },
             field.options.map((option) =>
               h('option', { value: option.value, selected: option.value === field.value }, option.label)))
+        : field.type === 'checkbox'
+        ? h('input', { name: field.name, type: 'checkbox', checked: Boolean(field.value) })
         : h('input', {
             name: field.name,
             type: field.type ?? 'text',
@@ -26,6 +28,9 @@ export function formDialog({ id, title, message, fields, submit, danger, onSubmi
             autocomplete: 'off',
             spellcheck: 'false',
           });
+    if (field.type === 'checkbox') {
+      return h('label', { class: 'checkbox' }, input, h('span', {}, field.label), field.hint ? h('small', {}, field.hint) : null);
+    }
     return h('label', {}, h('span', {}, field.label), input, field.hint ? h('small', {}, field.hint) : null);
   });
   const submitButton = h('button', { type: 'submit', class: danger ? 'danger' : 'primary' }, submit);
@@ -62,6 +67,27 @@ export function formDialog({ id, title, message, fields, submit, danger, onSubmi
 /** A confirmation of something that cannot be undone. */
 export function confirmDialog({ id, title, message, confirm, onConfirm }) {
   return formDialog({ id, title, message, fields: [], submit: confirm, danger: true, onSubmit: onConfirm });
+}
+
+/**
+ * A confirmation of something that loses data or a member: nothing is
+ * sent until the thing's name is typed, exactly (a wrong name is refused
+ * in the dialog). extraFields come before the name.
+ */
+export function typedConfirmDialog({ id, title, message, name, what, confirm, extraFields = [], onConfirm }) {
+  return formDialog({
+    id, title, message, submit: confirm, danger: true,
+    fields: [...extraFields, { name: 'typed', label: `Type the ${what}'s name, ${name}, to confirm`, required: true }],
+    onSubmit: async (values) => {
+      const typed = (values.typed ?? '').trim();
+      if (typed !== name) {
+        throw new Error(typed
+          ? `"${typed}" is not the ${what}'s name: type ${name} to confirm, or cancel`
+          : `type the ${what}'s name, ${name}, to confirm, or cancel`);
+      }
+      await onConfirm(values);
+    },
+  });
 }
 
 /** A short notice in the corner: what an action did, or why it failed. */

@@ -105,14 +105,22 @@ export function badge(word, extraClass = '') {
   return h('span', { class: `badge badge-${kind} ${extraClass}`.trim() }, word);
 }
 
-/** A bar of `used` out of `total`, with its percentage. */
+/**
+ * A bar of `used` out of `total`, its label beside it (never on top of
+ * the fill, where a long label ran into the next column).
+ */
 export function bar(used, total, label) {
   const percent = total > 0 ? Math.min(100, Math.round((used / total) * 100)) : 0;
   const level = percent >= 90 ? 'full' : percent >= 75 ? 'high' : 'ok';
-  return h(
-    'div',
-    { class: 'bar', role: 'meter', 'aria-valuenow': percent, 'aria-valuemin': 0, 'aria-valuemax': 100, title: label },
-    h('div', { class: `bar-fill bar-${level}`, style: { width: `${percent}%` } }),
-    h('span', { class: 'bar-label' }, label ?? `${percent}%`),
-  );
+  return h('div', { class: 'meter', title: label },
+    h('div', { class: 'bar', role: 'meter', 'aria-valuenow': percent, 'aria-valuemin': 0, 'aria-valuemax': 100, 'aria-label': label },
+      h('div', { class: `bar-fill bar-${level}`, style: { width: `${percent}%` } })),
+    h('span', { class: 'bar-label' }, label ?? `${percent}%`));
+}
+
+/** A percentage for people: `644%`, `0.4%`. */
+export function percent(part, whole) {
+  if (!(whole > 0)) return '–';
+  const value = (part / whole) * 100;
+  return value >= 10 || value === 0 ? `${Math.round(value)}%` : `${value.toFixed(1)}%`;
 }

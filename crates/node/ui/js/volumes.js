@@ -1,11 +1,14 @@
 // The volumes list, one volume's page, and the actions on volumes:
-// create, grow, attach, detach, snapshot, rollback. Detach and rollback
-// cannot be undone from here: each asks for a confirmation first.
+// create, grow, attach, detach, snapshot, rollback, verify, add and
+// remove a replica, delete (snapshots' own actions are in snapshots.js).
+// Detach, rollback and replica removal cannot be undone from here: each
+// asks for a confirmation first; delete asks for the volume's name typed.
 
 import { h, bytes, badge, bar, iops, rate, parseSize, duration } from './dom.js';
-import { post, segment } from './api.js';
-import { formDialog, notify } from './dialogs.js';
-import { ioCharts, eventsTable } from './pages.js';
+import { post, del, segment } from './api.js';
+import { formDialog, typedConfirmDialog, notify } from './dialogs.js';
+import { ioCharts, eventsTable, section } from './widgets.js';
+import { snapshotsPanel } from './snapshots.js';
 
 const BLOCK = 4096;
 
@@ -59,12 +62,18 @@ export function volumePage(state, name, context) {
     ];
   }
   const snapshots = state.snapshots.filter((snapshot) => snapshot.volume === name);
+  const rollback = (chosen) => rollbackVolume(volume, snapshots, chosen, context);
+  const attached = volume.primaries.length > 0;
   const actions = h('div', { class: 'actions' },
     button('Grow', 'grow', () => growVolume(volume, context)),
     button('Attach', 'attach', () => attachVolume(state, volume, context)),
-    volume.primaries.length ? button('Detach', 'detach', () => detachVolume(volume, context), 'danger') : null,
+    attached ? button('Detach', 'detach', () => detachVolume(volume, context), 'danger') : null,
     button('Snapshot', 'snapshot', () => snapshotVolume(volume, context)),
-    snapshots.length ? button('Roll back', 'rollback', () => rollbackVolume(volume, snapshots, null, context), 'danger') : null);
+    snapshots.length ? button('Roll back', 'rollback', () => rollback(null), 'danger') : null,
+    attached ? button('Verify', 'verify', () => verifyVolume(volume, context)) : null,
+    button('Add replica', 'add-replica', () => addReplica(state, volume, context)),
+    button('Delete', 'delete-volume', () => deleteVolume(volume, snapshots, context), 'danger'));
+  const segmentName = segment(name);
   return [
     h('div', { class: 'title-row', dataset: { volume: volume.name, state: volume.state } },
       h('h1', {}, 'Volume ', h('span', { class: 'name' }, volume.name), ' ', badge(volume.state)), actions),
@@ -76,36 +85,54 @@ export function volumePage(state, name, context) {
       fact('Group', volume.group),
       fact('Generation', volume.generation),
       fact('Checksum errors', volume.checksum_errors)),
-    h('section', { class: 'panel', dataset: { panel: 'replicas' } }, h('h2', {}, 'Replicas'),
-      h('table', { class: 'replicas' },
-        h('thead', {}, h('tr', {}, ['Node', 'Kind', 'Pool', 'State', 'Storage', 'Resync'].map((title) => h('th', {}, title)))),
-        h('tbody', {}, volume.replicas.map((replica) =>
-          h('tr', { dataset: { replica: replica.node, state: replica.state } },
-            h('td', {}, replica.node),
-            h('td', {}, replica.kind),
-            h('td', {}, replica.pool ?? '–'),
-            h('td', {}, badge(replica.state)),
-            h('td', {}, replica.observed, replica.message ? h('small', { class: 'warning' }, ` ${replica.message}`) : null),
-            h('td', { class: 'sync' }, syncCell(replica))))))),
-    h('section', { class: 'panel', dataset: { panel: 'io' } }, h('h2', {}, 'I/O'),
-      ioCharts(state.io, state.io.volumes.get(name), name)),
-    h('section', { class: 'panel', dataset: { panel: 'snapshots' } }, h('h2', {}, 'Snapshots'),
-      snapshots.length === 0 ? h('p', { class: 'muted' }, 'No snapshot.') :
-        h('table', { class: 'snapshots' },
-          h('thead', {}, h('tr', {}, ['Name', 'State', 'Taken', 'Size', 'Own bytes', 'On', ''].map((title) => h('th', {}, title)))),
-          h('tbody', {}, snapshots.map((snapshot) =>
-            h('tr', { dataset: { snapshot: snapshot.name, state: snapshot.state } },
-              h('td', { class: 'name' }, snapshot.name, snapshot.scheduled ? h('small', {}, ' (scheduled)') : null),
-              h('td', {}, badge(snapshot.state)),
-              h('td', {}, new Date(snapshot.created_unix_seconds * 1000).toLocaleString()),
-              h('td', { class: 'number' }, bytes(snapshot.size_bytes)),
-              h('td', { class: 'number' }, bytes(snapshot.exclusive_bytes)),
-              h('td', {}, snapshot.nodes.join(', ')),
-              h('td', {}, button('Roll back', 'rollback-to', () => rollbackVolume(volume, snapshots, snapshot.name, context), 'danger small')))))),
-    ),
-    h('section', { class: 'panel', dataset: { panel: 'events' } }, h('h2', {}, 'Events'),
-      eventsTable(state.events, state.events.list.filter((event) => event.volume === name).slice(-50))),
+    section('Replicas', 'replicas', replicasTable(volume, context)),
+    attached ? section('Verify', 'verify', verifyReport(state.extra.get(`/volumes/${segmentName}/verify`))) : null,
+    section('I/O', 'io', ioCharts(state, `volume:${name}`, context)),
+    snapshotsPanel(volume, snapshots, state.extra.get(`/volumes/${segmentName}/snapshot-schedule`), context, rollback),
+    section('Events', 'events', eventsTable(state.events, state.events.list.filter((event) => event.volume === name).slice(-50))),
   ];
+}
+
+function replicasTable(volume, context) {
+  return h('table', { class: 'replicas' },
+    h('thead', {}, h('tr', {}, ['Node', 'Kind', 'Pool', 'State', 'Storage', 'Resync', ''].map((title) => h('th', {}, title)))),
+    h('tbody', {}, volume.replicas.map((replica) =>
+      h('tr', { dataset: { replica: replica.node, state: replica.state, kind: replica.kind } },
+        h('td', {}, h('a', { href: `#/nodes/${encodeURIComponent(replica.node)}` }, replica.node)),
+        h('td', {}, replica.kind),
+        h('td', {}, replica.pool ?? '–'),
+        h('td', {}, badge(replica.state)),
+        h('td', {}, replica.observed, replica.message ? h('small', { class: 'warning' }, ` ${replica.message}`) : null),
+        h('td', { class: 'sync' }, syncCell(replica)),
+        h('td', {}, replica.kind === 'diskful'
+          ? button('Remove', 'remove-replica', () => removeReplica(volume, replica, context), 'danger small')
+          : null)))));
+}
+
+/** The running or last verify (GET .../verify), or why there is none. */
+function verifyReport(answer) {
+  if (!answer) return h('p', { class: 'muted' }, 'Loading…');
+  if (answer.error) {
+    const none = answer.error.status === 404 && answer.error.code !== 'volume_not_found';
+    return h('p', { class: 'muted', dataset: { verify: 'none' } },
+      none ? 'No verify since the volume was attached: Verify compares every block of its up-to-date replicas.' : answer.error.message);
+  }
+  const report = answer.value;
+  const repaired = report.repaired.filter((entry) => entry.blocks > 0);
+  return h('div', { class: 'verify', dataset: { verify: report.state, differing: report.differing_blocks } },
+    h('p', {}, badge(report.state), ' ',
+      report.state === 'running'
+        ? `${report.percent}% of ${bytes(report.total_bytes)} compared on ${report.replicas.join(', ')}`
+        : `${bytes(report.checked_bytes)} compared on ${report.replicas.join(', ')}` +
+          (report.elapsed_ms ? ` in ${(report.elapsed_ms / 1000).toFixed(1)} s` : '')),
+    report.state === 'running' ? bar(report.percent, 100, `${report.percent}%`) : null,
+    h('p', { class: report.differing_blocks ? 'warning' : '' },
+      report.differing_blocks
+        ? `${report.differing_blocks} block(s) differed (${report.no_majority_blocks} without a majority, ${report.unrecoverable_blocks} unrecoverable); ` +
+          `repaired: ${repaired.map((entry) => `${entry.blocks} on ${entry.node}`).join(', ') || 'none'}.`
+        : 'Every block compared is the same on every replica.'),
+    report.skipped_bytes ? h('p', { class: 'warning' }, `${bytes(report.skipped_bytes)} not compared: fewer than two up-to-date replicas answered.`) : null,
+    report.reason ? h('p', { class: 'warning' }, `Stopped: ${report.reason}`) : null);
 }
 
 function fact(term, value, name) {
@@ -250,6 +277,79 @@ function rollbackVolume(volume, snapshots, chosen, context) {
     onSubmit: async (values) => {
       const rolled = await post(`/volumes/${segment(volume.name)}/rollback`, { snapshot: values.snapshot });
       done(context, `Volume ${rolled.name} rolled back to ${values.snapshot}.`);
+    },
+  });
+}
+
+function verifyVolume(volume, context) {
+  post(`/volumes/${segment(volume.name)}/verify`)
+    .then((report) => done(context, `Verify of ${volume.name} ${report.state === 'running' ? 'started' : report.state}: it compares every block of ${report.replicas.join(', ')}.`))
+    .catch((failure) => notify(`Verify of ${volume.name} refused: ${failure.message}`, 'error'));
+}
+
+function addReplica(state, volume, context) {
+  const holding = new Set(volume.replicas.filter((replica) => replica.kind === 'diskful').map((replica) => replica.node));
+  const candidates = state.nodes.filter((node) => node.state === 'online' && !holding.has(node.name));
+  formDialog({
+    id: 'add-replica',
+    title: `Add a replica of ${volume.name}`,
+    message: 'The new replica is empty: it is outdated until the primary has copied the data to it (the resync shows in Replicas).',
+    submit: 'Add replica',
+    fields: [
+      {
+        name: 'node', label: 'On node', type: 'select', value: '',
+        options: [{ value: '', label: 'where the volume\'s group places it' }, ...candidates.map((node) => ({ value: node.name, label: node.name }))],
+      },
+      { name: 'pool', label: 'Pool', placeholder: 'the node\'s pool with the most free space' },
+    ],
+    onSubmit: async (values) => {
+      const body = {};
+      if (values.node) body.node = values.node;
+      if (values.pool.trim()) body.pool = values.pool.trim();
+      const changed = await post(`/volumes/${segment(volume.name)}/replicas`, body);
+      const added = changed.replicas.filter((replica) => replica.kind === 'diskful' && !holding.has(replica.node)).map((replica) => replica.node);
+      done(context, `${volume.name}: new replica on ${added.join(', ') || 'another node'}; it is outdated until the data is copied to it.`);
+    },
+  });
+}
+
+function removeReplica(volume, replica, context) {
+  const primary = volume.primaries.includes(replica.node);
+  formDialog({
+    id: 'remove-replica',
+    title: `Remove the replica of ${volume.name} on ${replica.node}?`,
+    message: `Its copy of the data on ${replica.node} is deleted; the volume keeps ${volume.replicas.filter((r) => r.kind === 'diskful').length - 1} diskful replica(s). ` +
+      (primary ? `${replica.node} stays attached and serves the volume through the other replicas. ` : '') +
+      'The node refuses if it is the last up-to-date copy or the volume would lose its quorum.',
+    submit: 'Remove replica',
+    danger: true,
+    fields: [],
+    onSubmit: async () => {
+      await del(`/volumes/${segment(volume.name)}/replicas/${segment(replica.node)}`);
+      done(context, `${volume.name}: the replica on ${replica.node} is removed.`);
+    },
+  });
+}
+
+function deleteVolume(volume, snapshots, context) {
+  typedConfirmDialog({
+    id: 'delete-volume',
+    title: `Delete volume ${volume.name}?`,
+    message: `Its data (${bytes(volume.size_bytes)}) is deleted on every replica, for good.` +
+      (volume.primaries.length ? ` It is attached on ${volume.primaries.join(', ')}: the node refuses until it is detached.` : ''),
+    name: volume.name,
+    what: 'volume',
+    confirm: 'Delete volume',
+    extraFields: snapshots.length
+      ? [{ name: 'with_snapshots', label: `Delete its ${snapshots.length} snapshot(s) too`, type: 'checkbox', hint: 'without it, a volume with snapshots is refused' }]
+      : [],
+    onConfirm: async (values) => {
+      const query = values.with_snapshots ? '?with_snapshots=true' : '';
+      const { status } = await del(`/volumes/${segment(volume.name)}${query}`);
+      location.hash = '#/volumes';
+      done(context, status === 202
+        ? `Volume ${volume.name} is being deleted: a node holding a replica has not removed its copy yet (offline?); it is gone once it has.`
+        : `Volume ${volume.name} deleted.`);
     },
   });
 }
